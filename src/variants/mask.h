@@ -47,7 +47,7 @@ struct Mask {
     if (i < 0 || i >= sq || j < 0 || j >= sk) return false;
     const int64_t r = i + off;
     if (r >= hist) return j < hist || (j >= group_start(r) && j <= r);  // target row
-    if (r < n_ctx) return j < hist;                                      // contextual row
+    if (r >= 0 && r < n_ctx) return j < hist;                            // contextual row
     if (right >= 0 && j > r + right) return false;
     if (left >= 0 && j < r - left) return false;
     return true;
@@ -61,7 +61,10 @@ struct Mask {
     const int64_t r0 = i0 + off, r1 = i1 - 1 + off;
     int64_t lo = left >= 0 ? r0 - left : 0;
     int64_t hi = right >= 0 ? r1 + right + 1 : sk;
-    if (r0 < n_ctx && r0 < hist) hi = max64(hi, hist);  // contextual rows see the whole history
+    if (r1 >= 0 && r0 < n_ctx && r0 < hist) {  // contextual rows see the whole history
+      lo = 0;
+      hi = max64(hi, hist);
+    }
     if (r1 >= hist) lo = 0;                             // target rows see the whole history
     return {max64(lo, 0), min64(hi, sk)};
   }
@@ -73,7 +76,10 @@ struct Mask {
     if (j0 >= j1 || sq == 0) return {0, 0};
     int64_t r_lo = right >= 0 ? j0 - right : off;  // key positions; off is row 0
     int64_t r_hi = left >= 0 ? j1 + left : sk;     // exclusive
-    if (n_ctx > 0 && j0 < hist) r_lo = off;         // contextual rows see keys below hist
+    if (n_ctx > 0 && j0 < hist) {  // contextual rows see keys below hist
+      r_lo = off;
+      r_hi = max64(r_hi, min64(n_ctx, hist));
+    }
     if (hist < sk) r_hi = sk;                      // target rows reach every history key
     return {max64(r_lo - off, 0), min64(r_hi - off, sq)};
   }
@@ -83,10 +89,13 @@ struct Mask {
   CUTEATTN_HD bool tile_fully_visible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
     if (i0 < 0 || i1 > sq || j0 < 0 || j1 > sk || i0 >= i1 || j0 >= j1) return false;
     const int64_t r0 = i0 + off, r1 = i1 - 1 + off;
-    // Contextual rows [r0, min(r1, n_ctx - 1, hist - 1)] see exactly [0, hist).
-    if (r0 < n_ctx && r0 < hist && j1 > hist) return false;
-    // Plain rows [a, b] follow the window.
-    const int64_t a = max64(r0, n_ctx), b = min64(r1, hist - 1);
+    // Contextual rows [max(r0, 0), min(r1, n_ctx - 1, hist - 1)] see exactly [0, hist).
+    if (max64(r0, 0) <= min64(min64(r1, n_ctx - 1), hist - 1) && j1 > hist) return false;
+    // Plain rows are [r0, r1] outside the contextual rows [0, n_ctx) and the target rows [hist, sk); they
+    // follow the window, so the first (a) and last (b) of them decide.
+    const int64_t plain_hi = min64(r1, hist - 1);
+    const int64_t a = (r0 < 0 || n_ctx <= 0) ? r0 : max64(r0, n_ctx);
+    const int64_t b = (n_ctx <= 0 || plain_hi >= n_ctx) ? plain_hi : min64(plain_hi, -1);
     if (a <= b) {
       if (right >= 0 && a + right < j1 - 1) return false;
       if (left >= 0 && b - left > j0) return false;
@@ -101,5 +110,32 @@ struct Mask {
     return true;
   }
 };
+
+}  // namespace cuteattn::detail
+
+namespace cuteattn::detail {
+
+// Appended by the sm80 forward kernel: the keys visible to row i as the union of two ranges (`second` is
+// empty except for target rows), so a kernel can mask a tile row with interval tests instead of calling
+// visible() per element. For every j: visible(i, j) == (j in first || j in second).
+CUTEATTN_HD void visible_spans(const Mask& m, int64_t i, Range* first, Range* second) {
+  *first = {0, 0};
+  *second = {0, 0};
+  if (i < 0 || i >= m.sq) return;
+  const int64_t r = i + m.off;
+  const int64_t hist = max64(min64(m.hist, m.sk), 0);
+  if (r >= m.hist) {  // target row
+    *first = {0, hist};
+    *second = {max64(m.group_start(r), 0), min64(r + 1, m.sk)};
+    return;
+  }
+  if (r >= 0 && r < m.n_ctx) {  // contextual row
+    *first = {0, hist};
+    return;
+  }
+  const int64_t lo = m.left >= 0 ? r - m.left : 0;
+  const int64_t hi = m.right >= 0 ? r + m.right + 1 : m.sk;
+  *first = {max64(lo, 0), min64(hi, m.sk)};
+}
 
 }  // namespace cuteattn::detail
