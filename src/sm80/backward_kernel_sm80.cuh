@@ -1,0 +1,460 @@
+// The main sm80 backward kernel (FlashAttention-2 algorithm): one CTA per key block, batch entry and group of
+// query heads. It keeps K, V and the fp32 dK/dV accumulators on chip, walks the query blocks that see the key
+// block, recomputes S and P, and accumulates dV += P^T dO, dK += dS^T Q, and dQ (fp32, atomics into the
+// workspace). Softmax (P from LSE, dS = P (dP - D), softcap) and HSTU (SiLU, rab, dRab) share the loop.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "core/params.h"
+#include "sm80/backward_traits_sm80.cuh"
+#include "sm80/backward_utils_sm80.cuh"
+#include "variants/mask.h"
+#include "variants/score.h"
+#include "variants/sequence.h"
+
+namespace cuteattn::detail::sm80_bwd {
+
+using namespace cute;
+using cute::make_tensor;  // not cuteattn::make_tensor and cuteattn::Tensor of the public API
+using cute::Tensor;
+
+struct BwdKernelArgs {
+  Params p;
+  float* dq_accum;          // (nsplit, total_q rows, heads, kHeadDim) fp32, zeroed
+  int64_t dq_split_stride;  // elements between the dQ partials of two splits
+  const float* dsum;        // softmax: rowsum(dO * O), indexed like LSE
+  float* drab_accum;        // HSTU, one rab head shared by several heads: (b, max_sk, max_sk) fp32, zeroed
+  int n_blocks;             // key blocks of the longest sequence
+  int nsplit;               // CTAs along x; CTA x walks key blocks x, x + nsplit, ... (deterministic mode)
+  int heads_per_cta;        // query heads one CTA walks, in order (a multiple of kv_group)
+  int kv_group;             // heads / heads_k: query heads whose dK/dV sum into one kv head
+};
+
+template <class Traits, bool kHstu>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
+  using Element = typename Traits::Element;
+  using ElementAccum = typename Traits::ElementAccum;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  const Params& p = args.p;
+  const int tidx = threadIdx.x;
+  const int64_t bi = blockIdx.y;
+  const SequenceInfo seq = SequenceInfo::of(p, bi);
+  const Mask mask = Mask::of(p, seq, bi);
+  const int sq = int(seq.sq), sk = int(seq.sk);
+  const int d = int(p.head_dim), dv = int(p.head_dim_v);
+
+  extern __shared__ char smem_raw[];
+  Element* smem_q = reinterpret_cast<Element*>(smem_raw);
+  Element* smem_do = smem_q + kStages * Traits::kSizeQdO;
+  Element* smem_k = smem_do + kStages * Traits::kSizeQdO;
+  Element* smem_v = smem_k + Traits::kSizeKV;
+  Element* smem_p = smem_v + Traits::kSizeKV;
+  Element* smem_ds = smem_p + Traits::kSizePdS;
+  float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kSizePdS);  // [kStages][kBlockM], softmax
+  float* smem_dsum = smem_lse + kStages * kBlockM;                          // [kStages][kBlockM], softmax
+
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
+  Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKt{});        // (kHeadDim, kBlockN)
+  Tensor sKtNoSwizzle = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKtNoSwizzle{});  // (kHeadDim, kBlockN)
+  Tensor sP = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdS{});        // (kBlockM, kBlockN)
+  Tensor sPt = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdSt{});      // (kBlockN, kBlockM)
+  Tensor sPtNoSwizzle = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdStNoSwizzle{});  // (kBlockN, kBlockM)
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdS{});      // (kBlockM, kBlockN)
+  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdSt{});    // (kBlockN, kBlockM)
+  Tensor sQ0 = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdO{});       // (kBlockM, kHeadDim)
+  Tensor sdO0 = make_tensor(make_smem_ptr(smem_do), typename Traits::SmemLayoutQdO{});     // (kBlockM, kHeadDim)
+  Tensor sQtNoSwizzle = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdOtNoSwizzle{});  // (kHeadDim, kBlockM)
+
+  // Global -> shared loads and their coordinate tensors for predication.
+  typename Traits::GmemTiledCopy gmem_tiled_copy;
+  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tidx);
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
+  Tensor cK = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, kHeadDim)
+  Tensor tQcQ = gmem_thr_copy.partition_S(cQ);                               // (CPY, CPY_M, CPY_K)
+  Tensor tKcK = gmem_thr_copy.partition_S(cK);                               // (CPY, CPY_N, CPY_K)
+
+  // S = Q K^T and dP = dO V^T.
+  typename Traits::TiledMmaSdP tiled_mma_sdp;
+  auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
+  Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ0);    // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);     // (MMA, MMA_N, MMA_K)
+  Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO0); // (MMA, MMA_M, MMA_K)
+  Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_K)
+  auto smem_tiled_copy_sdp_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
+  auto smem_thr_copy_sdp_a = smem_tiled_copy_sdp_a.get_thread_slice(tidx);
+  auto smem_tiled_copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
+  auto smem_thr_copy_sdp_b = smem_tiled_copy_sdp_b.get_thread_slice(tidx);
+  Tensor tSsK = smem_thr_copy_sdp_b.partition_S(sK);      // (CPY, CPY_N, CPY_K)
+  Tensor tdPsV = smem_thr_copy_sdp_b.partition_S(sV);     // (CPY, CPY_N, CPY_K)
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
+  Tensor tScS = thr_mma_sdp.partition_C(cS);                                // (MMA, MMA_M, MMA_N)
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (ROW, COL)
+  auto smem_tiled_copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, tiled_mma_sdp);
+  auto smem_thr_copy_pds = smem_tiled_copy_pds.get_thread_slice(tidx);
+  Tensor tPsP = smem_thr_copy_pds.partition_D(sP);        // (CPY, CPY_M, CPY_N)
+  Tensor tdSsdS = smem_thr_copy_pds.partition_D(sdS);     // (CPY, CPY_M, CPY_N)
+
+  // dV += P^T dO and dK += dS^T Q.
+  typename Traits::TiledMmadKV tiled_mma_dkv;
+  auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
+  Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPtNoSwizzle);   // (MMA, MMA_N, MMA_K)
+  Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sQtNoSwizzle);  // (MMA, MMA_D, MMA_K)
+  Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sPtNoSwizzle);  // (MMA, MMA_N, MMA_K)
+  Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQtNoSwizzle);   // (MMA, MMA_D, MMA_K)
+  auto smem_tiled_copy_dkv_a = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dkv);
+  auto smem_thr_copy_dkv_a = smem_tiled_copy_dkv_a.get_thread_slice(tidx);
+  auto smem_tiled_copy_dkv_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dkv);
+  auto smem_thr_copy_dkv_b = smem_tiled_copy_dkv_b.get_thread_slice(tidx);
+  Tensor tdVsPt = smem_thr_copy_dkv_a.partition_S(sPt);    // (CPY, CPY_N, CPY_K)
+  Tensor tdKsdSt = smem_thr_copy_dkv_a.partition_S(sdSt);  // (CPY, CPY_N, CPY_K)
+  Tensor tdKVcdKV = thr_mma_dkv.partition_C(cK);           // (MMA, MMA_N, MMA_D)
+  Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_N, MMA_D)
+  Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_N, MMA_D)
+
+  // dQ = dS K.
+  typename Traits::TiledMmadQ tiled_mma_dq;
+  auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
+  Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);          // (MMA, MMA_M, MMA_K)
+  constexpr int kDqCols = kHeadDim / Traits::kDqChunks;
+  Tensor tdQrKt = thr_mma_dq.partition_fragment_B(
+      local_tile(sKtNoSwizzle, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(0, 0)));  // (MMA, MMA_D, MMA_K)
+  auto smem_tiled_copy_dq_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_dq);
+  auto smem_thr_copy_dq_a = smem_tiled_copy_dq_a.get_thread_slice(tidx);
+  auto smem_tiled_copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dq);
+  auto smem_thr_copy_dq_b = smem_tiled_copy_dq_b.get_thread_slice(tidx);
+  Tensor tdQsdS = smem_thr_copy_dq_a.partition_S(sdS);  // (CPY, CPY_M, CPY_K)
+  Tensor tdQcdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));  // (MMA, MMA_M, MMA_D)
+
+  const SoftcapScore softmax_score{p.scale, p.softcap};
+  const HstuScore hstu_score{p.alpha, p.inv_scaling_seqlen};
+  const float scale_log2 = p.scale * kLog2e;
+  const int64_t dq_row_stride = p.heads * int64_t(kHeadDim);
+  const int64_t dq_row_base = p.varlen ? seq.q_start : bi * p.seqlen_q;
+  const bool drab_direct = kHstu && p.drab != nullptr && args.drab_accum == nullptr;
+  const bool deterministic = p.deterministic;
+
+  // LSE in log2 units; rows that see no key have LSE = -inf and get +inf, so their P = exp2(x - inf) = 0.
+  auto lse_log2 = [](float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; };
+
+  // A query block is visited when the mask lets some of its rows see this key block.
+  auto block_visible = [&](int m, int n0) {
+    const Range keys = mask.key_range(int64_t(m) * kBlockM, int64_t(m + 1) * kBlockM);
+    return keys.begin < n0 + kBlockN && keys.end > n0;
+  };
+
+  for (int n_block = blockIdx.x; n_block < args.n_blocks; n_block += args.nsplit) {
+    const int n0 = n_block * kBlockN;
+    if (n0 >= sk) break;
+    const int split = deterministic ? int(blockIdx.x) : 0;
+    const Range rows = mask.row_range(n0, n0 + kBlockN);
+    const int m_begin = rows.empty() ? 0 : int(rows.begin / kBlockM);
+    const int m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
+    auto next_visible = [&](int m) {
+      while (m < m_end && !block_visible(m, n0)) ++m;
+      return m;
+    };
+
+    const int kv_heads_per_cta = args.heads_per_cta / args.kv_group;
+    for (int kv_i = 0; kv_i < kv_heads_per_cta; ++kv_i) {
+      const int64_t hk = int64_t(blockIdx.z) * kv_heads_per_cta + kv_i;
+      __syncthreads();  // every warp is done reading sK/sV (and sQ/sdO) of the previous head or key block
+      {
+        Tensor gK = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, n0, hk)),
+                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(p.k.row_stride, _1{}));  // (kBlockN, kHeadDim)
+        Tensor gV = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, n0, hk)),
+                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(p.v.row_stride, _1{}));  // (kBlockN, kHeadDim)
+        Tensor tKgK = gmem_thr_copy.partition_S(gK);  // (CPY, CPY_N, CPY_K)
+        Tensor tKsK = gmem_thr_copy.partition_D(sK);  // (CPY, CPY_N, CPY_K)
+        Tensor tVgV = gmem_thr_copy.partition_S(gV);  // (CPY, CPY_N, CPY_K)
+        Tensor tVsV = gmem_thr_copy.partition_D(sV);  // (CPY, CPY_N, CPY_K)
+        copy_tile_pred(gmem_tiled_copy, tKgK, tKsK, tKcK, sk - n0, d);
+        copy_tile_pred(gmem_tiled_copy, tVgV, tVsV, tKcK, sk - n0, dv);
+        cp_async_fence();
+      }
+      clear(acc_dk);
+      clear(acc_dv);
+
+      for (int g = 0; g < args.kv_group; ++g) {
+        const int64_t hq = hk * args.kv_group + g;
+        const Element* q_head = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, 0, hq);
+        const Element* do_head = static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq);
+        auto load_q_do = [&](int m, int stage) {
+          Tensor gQ = make_tensor(make_gmem_ptr(q_head + int64_t(m) * kBlockM * p.q.row_stride),
+                                  Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q.row_stride, _1{}));  // (kBlockM, kHeadDim)
+          Tensor gdO = make_tensor(make_gmem_ptr(do_head + int64_t(m) * kBlockM * p.dout.row_stride),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.dout.row_stride, _1{}));  // (kBlockM, kHeadDim)
+          Tensor sQ = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});    // (kBlockM, kHeadDim)
+          Tensor sdO = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});  // (kBlockM, kHeadDim)
+          Tensor tQgQ = gmem_thr_copy.partition_S(gQ);     // (CPY, CPY_M, CPY_K)
+          Tensor tQsQ = gmem_thr_copy.partition_D(sQ);     // (CPY, CPY_M, CPY_K)
+          Tensor tdOgdO = gmem_thr_copy.partition_S(gdO);  // (CPY, CPY_M, CPY_K)
+          Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);  // (CPY, CPY_M, CPY_K)
+          copy_tile_pred(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, sq - m * kBlockM, d);
+          copy_tile_pred(gmem_tiled_copy, tdOgdO, tdOsdO, tQcQ, sq - m * kBlockM, dv);
+          if constexpr (!kHstu) {
+            // Threads [0, kBlockM) stage LSE, [kBlockM, 2 kBlockM) stage D of the block's rows.
+            if (tidx < 2 * kBlockM) {
+              const int row = tidx % kBlockM, i = m * kBlockM + row;
+              const float* src = tidx < kBlockM ? p.lse : args.dsum;
+              float* dst = (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + row;
+              if (i < sq) {
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(cast_smem_ptr_to_uint(dst)),
+                             "l"(src + seq.lse_index(p, bi, hq, i)));
+              } else {
+                *dst = 0.0f;
+              }
+            }
+          }
+          cp_async_fence();
+        };
+
+        int m = next_visible(m_begin);
+        int stage = 0;
+        __syncthreads();  // the previous head's last query block is no longer read from sQ/sdO
+        if (m < m_end) load_q_do(m, 0);
+        while (m < m_end) {
+          const int m_next = next_visible(m + 1);
+          const int m0 = m * kBlockM;
+          cp_async_wait<0>();
+          __syncthreads();  // Q/dO (and K/V) landed; the previous block's reads of sP/sdS/other stage are done
+          if (kStages == 2 && m_next < m_end) load_q_do(m_next, stage ^ 1);
+
+          Tensor sQ = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});    // (kBlockM, kHeadDim)
+          Tensor sdO = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});  // (kBlockM, kHeadDim)
+          Tensor sQt = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{});  // (kHeadDim, kBlockM)
+          Tensor sdOt = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{}); // (kHeadDim, kBlockM)
+
+          constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+          constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+          // HSTU rab of this thread's (row, column pair)s, loaded as 32-bit pairs before the S GEMM to hide their
+          // latency (the checker guarantees 16-byte aligned rab rows; column pairs start at even j).
+          uint32_t rab_pairs[kHstu ? kRows : 1][kHstu ? kCols / 2 : 1];
+          if constexpr (kHstu) {
+            const int64_t hr = p.rab_heads == 1 ? 0 : hq;
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              const int i = m0 + get<0>(tScS_rc(mi, 0));
+              const uint32_t* rab_row = p.rab != nullptr && i < sq
+                  ? reinterpret_cast<const uint32_t*>(static_cast<const Element*>(p.rab) + bi * p.rab_batch_stride +
+                                                      hr * p.rab_head_stride + (i + mask.off) * p.rab_row_stride)
+                  : nullptr;
+              CUTE_UNROLL
+              for (int nj = 0; nj < kCols / 2; ++nj) {
+                const int j = n0 + get<1>(tScS_rc(mi, 2 * nj));
+                rab_pairs[mi][nj] = rab_row != nullptr && j < sk ? rab_row[j / 2] : 0u;
+              }
+            }
+          }
+
+          // S = Q K^T
+          Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+          clear(acc_s);
+          gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, smem_thr_copy_sdp_a.partition_S(sQ), tSsK, smem_tiled_copy_sdp_a,
+                  smem_tiled_copy_sdp_b, smem_thr_copy_sdp_a, smem_thr_copy_sdp_b);
+
+          // P goes to sP; HSTU also parks the dP-independent factor dprob(S_pre) in sdS. The thread that wrote them
+          // reads them back to form dS, so no fp32 tile stays live across the dP GEMM next to dK/dV.
+          // Masking is a separate pass that only partially visible tiles take.
+          const bool full_tile = mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+          Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));  // (ROW, COL)
+          if constexpr (kHstu) {
+            Tensor acc_p = make_tensor<float>(acc_s.layout());                // (MMA, MMA_M, MMA_N)
+            Tensor p_rc = make_tensor(acc_p.data(), rowcol(acc_p.layout()));  // (ROW, COL)
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) {
+                const Element* pair = reinterpret_cast<const Element*>(&rab_pairs[mi][ni / 2]);
+                const float x = hstu_score.pre(s_rc(mi, ni), static_cast<float>(pair[ni % 2]));
+                p_rc(mi, ni) = hstu_score.prob(x);
+                s_rc(mi, ni) = hstu_score.dprob(x);
+              }
+            }
+            if (!full_tile) {
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                const int i = m0 + get<0>(tScS_rc(mi, 0));
+                CUTE_UNROLL
+                for (int ni = 0; ni < kCols; ++ni) {
+                  if (!mask.visible(i, n0 + get<1>(tScS_rc(mi, ni)))) p_rc(mi, ni) = s_rc(mi, ni) = 0.0f;
+                }
+              }
+            }
+            Tensor rP = convert_fragment<Element>(acc_p);  // (MMA, MMA_M, MMA_N)
+            copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rP), tPsP);
+            Tensor rF = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
+            copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rF), tdSsdS);
+          } else {
+            float row_lse2[kRows];  // LSE * log2(e); +inf for rows that see no key (P = 0 there)
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(smem_lse[stage * kBlockM + get<0>(tScS_rc(mi, 0))]);
+            if (p.softcap > 0.0f) {
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                CUTE_UNROLL
+                for (int ni = 0; ni < kCols; ++ni) {
+                  s_rc(mi, ni) = exp2f(softmax_score.apply(s_rc(mi, ni)) * kLog2e - row_lse2[mi]);
+                }
+              }
+            } else {
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                CUTE_UNROLL
+                for (int ni = 0; ni < kCols; ++ni) s_rc(mi, ni) = exp2f(fmaf(s_rc(mi, ni), scale_log2, -row_lse2[mi]));
+              }
+            }
+            if (!full_tile) {
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                const int i = m0 + get<0>(tScS_rc(mi, 0));
+                CUTE_UNROLL
+                for (int ni = 0; ni < kCols; ++ni) {
+                  if (!mask.visible(i, n0 + get<1>(tScS_rc(mi, ni)))) s_rc(mi, ni) = 0.0f;
+                }
+              }
+            }
+            Tensor rP = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
+            copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rP), tPsP);
+          }
+
+          // dP = dO V^T
+          Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+          clear(acc_dp);
+          gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, smem_thr_copy_sdp_a.partition_S(sdO), tdPsV,
+                  smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, smem_thr_copy_sdp_a, smem_thr_copy_sdp_b);
+
+          // dS, left in acc_dp. Softmax dS omits the factor `scale`, applied to dQ and dK at the end.
+          Tensor rX = make_tensor<Element>(acc_dp.layout());  // (MMA, MMA_M, MMA_N): P, or HSTU's dprob(S_pre)
+          copy(smem_tiled_copy_pds, kHstu ? tdSsdS : tPsP, smem_thr_copy_pds.retile_D(rX));
+          Tensor rX_rc = make_tensor(rX.data(), rowcol(rX.layout()));          // (ROW, COL)
+          Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));  // (ROW, COL)
+          if (kHstu) {
+            CUTE_UNROLL
+            for (int e = 0; e < size(acc_dp); ++e) acc_dp(e) *= static_cast<float>(rX(e));
+          } else if (p.softcap > 0.0f) {
+            // The softcapped score, recovered from P = exp(S - LSE): dS/d(qk) = scale * (1 - (S/c)^2).
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              const int row = get<0>(tScS_rc(mi, 0));
+              const float lse2 = lse_log2(smem_lse[stage * kBlockM + row]);
+              const float dsum = smem_dsum[stage * kBlockM + row];
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) {
+                const float prob = static_cast<float>(rX_rc(mi, ni));
+                const float t = (log2f(prob) + lse2) / (kLog2e * p.softcap);
+                dp_rc(mi, ni) = prob > 0.0f ? prob * (dp_rc(mi, ni) - dsum) * (1.0f - t * t) : 0.0f;
+              }
+            }
+          } else {
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              const float dsum = smem_dsum[stage * kBlockM + get<0>(tScS_rc(mi, 0))];
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) dp_rc(mi, ni) = static_cast<float>(rX_rc(mi, ni)) * (dp_rc(mi, ni) - dsum);
+            }
+          }
+          if constexpr (kHstu) {
+            if (p.drab != nullptr) {
+              const int64_t hr = p.rab_heads == 1 ? 0 : hq;
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                const int i = m0 + get<0>(tScS_rc(mi, 0));
+                if (i >= sq) continue;
+                const int64_t r = i + mask.off;
+                CUTE_UNROLL
+                for (int ni = 0; ni < kCols; ++ni) {
+                  const int j = n0 + get<1>(tScS_rc(mi, ni));
+                  if (j >= sk) continue;
+                  if (drab_direct) {
+                    static_cast<Element*>(p.drab)[bi * p.drab_batch_stride + hr * p.drab_head_stride +
+                                                  r * p.drab_row_stride + j] = static_cast<Element>(dp_rc(mi, ni));
+                  } else {
+                    float* dst = args.drab_accum + (bi * p.seqlen_k + r) * p.seqlen_k + j;
+                    if (deterministic) {
+                      *dst += dp_rc(mi, ni);  // this CTA walks every head in order: no other writer
+                    } else {
+                      atomicAdd(dst, dp_rc(mi, ni));
+                    }
+                  }
+                }
+              }
+            }
+          }
+          Tensor rdS = convert_fragment<Element>(acc_dp);  // (MMA, MMA_M, MMA_N)
+          copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rdS), tdSsdS);
+          __syncthreads();  // sP and sdS are complete
+
+          // dV += P^T dO, dK += dS^T Q
+          gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, smem_thr_copy_dkv_b.partition_S(sdOt),
+                  smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
+          gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, smem_thr_copy_dkv_b.partition_S(sQt),
+                  smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
+          if (kStages == 1 && m_next < m_end) {
+            __syncthreads();  // sQ/sdO are free once every warp finished dK and dV
+            load_q_do(m_next, 0);
+          }
+
+          // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time
+          float* dq_block = args.dq_accum + split * args.dq_split_stride +
+                            (dq_row_base + m0) * dq_row_stride + hq * kHeadDim;
+          CUTE_UNROLL
+          for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
+            Tensor sKt_chunk = local_tile(sKt, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(chunk, 0));  // (kDqCols, kBlockN)
+            Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kDqCols>>{});  // (MMA, MMA_M, MMA_D)
+            clear(acc_dq);
+            gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, smem_thr_copy_dq_b.partition_S(sKt_chunk),
+                    smem_tiled_copy_dq_a, smem_tiled_copy_dq_b, smem_thr_copy_dq_a, smem_thr_copy_dq_b);
+            // Accumulator elements 2k and 2k+1 are columns c and c + 1 of one row (c even, d a multiple of 8).
+            CUTE_UNROLL
+            for (int e = 0; e < size(acc_dq); e += 2) {
+              const int r = get<0>(tdQcdQ(e)), c = chunk * kDqCols + get<1>(tdQcdQ(e));
+              if (m0 + r < sq && c < d) {
+                float* dst = dq_block + r * dq_row_stride + c;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc_dq(e), acc_dq(e + 1)));
+#else
+                atomicAdd(dst, acc_dq(e));
+                atomicAdd(dst + 1, acc_dq(e + 1));
+#endif
+              }
+            }
+          }
+
+          m = m_next;
+          if (kStages == 2) stage ^= 1;
+        }
+      }
+      cp_async_wait<0>();  // a key block no query block sees still has its K/V loads in flight
+
+      // dK (times the softmax scale) and dV in the input dtype; consecutive column pairs as one 32-bit store.
+      const float dk_scale = kHstu ? 1.0f : p.scale;
+      Element* dk_block = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0, hk);
+      Element* dv_block = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0, hk);
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_dk); e += 2) {
+        const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
+        if (n0 + r >= sk) continue;
+        if (c < d) {
+          Element pair[2] = {static_cast<Element>(acc_dk(e) * dk_scale), static_cast<Element>(acc_dk(e + 1) * dk_scale)};
+          *reinterpret_cast<uint32_t*>(dk_block + r * p.dk.row_stride + c) = *reinterpret_cast<uint32_t*>(pair);
+        }
+        if (c < dv) {
+          Element pair[2] = {static_cast<Element>(acc_dv(e)), static_cast<Element>(acc_dv(e + 1))};
+          *reinterpret_cast<uint32_t*>(dv_block + r * p.dv.row_stride + c) = *reinterpret_cast<uint32_t*>(pair);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cuteattn::detail::sm80_bwd

@@ -1,0 +1,179 @@
+// Entry point of the sm80 backward family (what the generated instances instantiate): which problems an
+// instance serves, the workspace it needs, and the launch sequence
+//   [D = rowsum(dO * O) | dRab zero-fill] -> main dK/dV/dQ kernel -> dQ (and head-summed dRab) conversion.
+// Workspace: fp32 dQ accumulators (one copy per split in deterministic mode), D (softmax), and for HSTU with one
+// rab head shared by several query heads an fp32 (b, max_sk, max_sk) dRab accumulator.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/params.h"
+#include "cuteattn/attention.h"
+#include "sm80/backward_aux_sm80.cuh"
+#include "sm80/backward_kernel_sm80.cuh"
+#include "sm80/backward_traits_sm80.cuh"
+
+namespace cuteattn::detail {
+
+template <ScoreFunction kScore, DType kDType, int kHeadDim>
+struct Sm80Backward {
+  static constexpr bool kCompiled = kDType == DType::kFloat16 || kDType == DType::kBFloat16;
+  static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
+
+  // How the work is cut and where each scratch buffer lies in the workspace.
+  struct Plan {
+    int n_blocks = 0, nsplit = 1, heads_per_cta = 1, kv_group = 1;
+    size_t dq_offset = 0, dq_split_elems = 0, dsum_offset = 0, drab_offset = 0, total = 0;
+    bool drab_accum = false;
+  };
+
+  static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
+
+  static int block_n() {
+    if constexpr (kCompiled) {
+      return sm80_bwd::BwdTraits<kDType, kHeadDim>::kBlockN;
+    } else {
+      return 1;
+    }
+  }
+
+  static Plan plan(const Params& p) {
+    Plan pl;
+    pl.n_blocks = int((p.seqlen_k + block_n() - 1) / block_n());
+    pl.kv_group = p.heads_k > 0 ? int(p.heads / p.heads_k) : 1;
+    pl.drab_accum = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
+    // Deterministic dRab summed over heads: one CTA walks all heads of a key block in order.
+    pl.heads_per_cta = pl.drab_accum && p.deterministic ? int(p.heads) : pl.kv_group;
+    pl.nsplit = pl.n_blocks;
+    if (p.deterministic && pl.n_blocks > 0) {
+      int sms = 132;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
+      const int64_t ctas_yz = std::max<int64_t>(1, p.batch * (p.heads / pl.heads_per_cta));
+      const int64_t want = (2 * int64_t(sms) + ctas_yz - 1) / ctas_yz;
+      pl.nsplit = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(pl.n_blocks, 32)));
+    }
+    const int nsplit_dq = p.deterministic ? pl.nsplit : 1;
+    pl.dq_split_elems = size_t(p.total_q) * size_t(p.heads) * kHeadDim;
+    size_t off = 0;
+    pl.dq_offset = off;
+    off = align_up(off + size_t(nsplit_dq) * pl.dq_split_elems * sizeof(float));
+    pl.dsum_offset = off;
+    if (!kHstu) off = align_up(off + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
+    pl.drab_offset = off;
+    if (pl.drab_accum) off = align_up(off + size_t(p.batch) * size_t(p.seqlen_k) * size_t(p.seqlen_k) * sizeof(float));
+    pl.total = off;
+    return pl;
+  }
+
+  static bool aligned(const RowMajorView& t) {
+    return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 &&
+           t.batch_stride % 8 == 0;
+  }
+
+  static Status supports(const Params& p) {
+    if constexpr (!kCompiled) {
+      return Status::NotSupported("sm80 backward: only float16 and bfloat16 kernels exist");
+    } else {
+      if (p.score != kScore || p.dtype != kDType) return Status::NotSupported("sm80 backward: wrong instance");
+      if (p.head_dim > kHeadDim || p.head_dim_v > kHeadDim) {
+        return Status::NotSupported("sm80 backward: head dim above the bucket " + std::to_string(kHeadDim));
+      }
+      if (p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) {
+        return Status::NotSupported("sm80 backward: head dims must be multiples of 8");
+      }
+      for (const RowMajorView* t : {&p.q, &p.k, &p.v, &p.dout, &p.dk, &p.dv}) {
+        if (!aligned(*t)) {
+          return Status::NotSupported("sm80 backward: q/k/v/dout/dk/dv need 16-byte aligned rows (strides % 8 == 0)");
+        }
+      }
+      if (!kHstu && !aligned(p.o)) return Status::NotSupported("sm80 backward: out needs 16-byte aligned rows");
+      if (p.batch > 65535 || p.heads > 65535) return Status::NotSupported("sm80 backward: batch or heads above 65535");
+      if (kHstu && p.heads_k != p.heads) return Status::NotSupported("sm80 backward: HSTU needs heads_k == heads");
+      // rab is read as 32-bit column pairs.
+      if (kHstu && p.rab != nullptr &&
+          (reinterpret_cast<uintptr_t>(p.rab) % 4 != 0 || p.rab_row_stride % 2 != 0 || p.rab_head_stride % 2 != 0 ||
+           p.rab_batch_stride % 2 != 0)) {
+        return Status::NotSupported("sm80 backward: rab rows must be 4-byte aligned");
+      }
+      int smem = 0;
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
+      if (smem < sm80_bwd::BwdTraits<kDType, kHeadDim>::kSmemBytes) {
+        return Status::NotSupported("sm80 backward: the device has too little shared memory for head dim " +
+                                    std::to_string(kHeadDim));
+      }
+      return Status::Ok();
+    }
+  }
+
+  static size_t workspace_bytes(const Params& p) { return kCompiled ? plan(p).total : 0; }
+
+  static Status launch(const Params& p, void* workspace) {
+    if constexpr (!kCompiled) {
+      return Status::NotSupported("sm80 backward: only float16 and bfloat16 kernels exist");
+    } else {
+      using Traits = sm80_bwd::BwdTraits<kDType, kHeadDim>;
+      using Element = typename Traits::Element;
+      const Plan pl = plan(p);
+      cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+      char* ws = static_cast<char*>(workspace);
+      const int nsplit_dq = p.deterministic ? pl.nsplit : 1;
+
+      sm80_bwd::BwdKernelArgs args;
+      args.p = p;
+      args.dq_accum = reinterpret_cast<float*>(ws + pl.dq_offset);
+      args.dq_split_stride = int64_t(pl.dq_split_elems);
+      args.dsum = kHstu ? nullptr : reinterpret_cast<float*>(ws + pl.dsum_offset);
+      args.drab_accum = pl.drab_accum ? reinterpret_cast<float*>(ws + pl.drab_offset) : nullptr;
+      args.n_blocks = pl.n_blocks;
+      args.nsplit = pl.nsplit;
+      args.heads_per_cta = pl.heads_per_cta;
+      args.kv_group = pl.kv_group;
+
+      const int kAuxThreads = 256;
+      auto aux_blocks = [](int64_t work) { return int(std::clamp<int64_t>((work + 255) / 256, 1, 8192)); };
+      cudaError_t err = cudaMemsetAsync(args.dq_accum, 0, size_t(nsplit_dq) * pl.dq_split_elems * sizeof(float), stream);
+      if (err == cudaSuccess && pl.drab_accum) {
+        err = cudaMemsetAsync(args.drab_accum, 0, size_t(p.batch) * p.seqlen_k * p.seqlen_k * sizeof(float), stream);
+      }
+      if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
+      if constexpr (!kHstu) {
+        if (p.total_q > 0) {
+          sm80_bwd::dot_do_o_kernel<Element><<<aux_blocks(p.total_q * p.heads * 32), kAuxThreads, 0, stream>>>(
+              p, const_cast<float*>(args.dsum));
+        }
+      } else {
+        if (p.drab != nullptr && !pl.drab_accum && p.seqlen_k > 0) {
+          sm80_bwd::write_drab_kernel<Element>
+              <<<aux_blocks(p.batch * p.rab_heads * p.seqlen_k * p.seqlen_k), kAuxThreads, 0, stream>>>(p, nullptr);
+        }
+      }
+
+      if (pl.n_blocks > 0 && p.batch > 0) {
+        auto kernel = sm80_bwd::bwd_kernel<Traits, kHstu>;
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+        if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
+        const dim3 grid(pl.nsplit, unsigned(p.batch), unsigned(p.heads / pl.heads_per_cta));
+        kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
+      }
+
+      if (p.total_q > 0) {
+        sm80_bwd::convert_dq_kernel<Element, kHeadDim>
+            <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
+                p, args.dq_accum, args.dq_split_stride, nsplit_dq, kHstu ? 1.0f : p.scale);
+      }
+      if (pl.drab_accum && p.seqlen_k > 0) {
+        sm80_bwd::write_drab_kernel<Element>
+            <<<aux_blocks(p.batch * p.seqlen_k * p.seqlen_k), kAuxThreads, 0, stream>>>(p, args.drab_accum);
+      }
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
+      return Status::Ok();
+    }
+  }
+};
+
+}  // namespace cuteattn::detail

@@ -1,0 +1,319 @@
+// GPU tests of the sm80 backward kernels (softmax and HSTU with dRab): dQ/dK/dV/dRab against the float64 CPU
+// oracle under the FlashAttention tolerance rule, every output element written, determinism bit for bit.
+// The forward outputs the backward consumes (O, LSE) come from the CPU tiled backend unless a test says
+// otherwise, so a failure here points at the backward kernels.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "cuteattn/attention.h"
+
+namespace cuteattn::test {
+namespace {
+
+// Device copies of every buffer of a Case; outputs keep their NaN poison.
+class DeviceCase {
+ public:
+  explicit DeviceCase(Case& c) : c_(c) {
+    for (HostTensor* t : tensors()) {
+      void* p = nullptr;
+      if (!t->empty() && t->numel() > 0) {
+        EXPECT_EQ(cudaMalloc(&p, t->bytes.size()), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(p, t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      ptrs_.push_back(p);
+    }
+  }
+  ~DeviceCase() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  DeviceCase(const DeviceCase&) = delete;
+  DeviceCase& operator=(const DeviceCase&) = delete;
+
+  ForwardArgs forward_args() {
+    ForwardArgs a = c_.forward_args(Backend::kSm80);
+    to_device(a.problem);
+    a.out.data = dev(c_.out);
+    a.lse.data = dev(c_.lse);
+    return a;
+  }
+  BackwardArgs backward_args(bool deterministic) {
+    BackwardArgs a = c_.backward_args(Backend::kSm80);
+    to_device(a.problem);
+    if (a.out.defined()) a.out.data = dev(c_.out);
+    if (a.lse.defined()) a.lse.data = dev(c_.lse);
+    a.dout.data = dev(c_.dout);
+    a.dq.data = dev(c_.dq);
+    a.dk.data = dev(c_.dk);
+    a.dv.data = dev(c_.dv);
+    a.drab.data = dev(c_.drab);
+    a.deterministic = deterministic;
+    return a;
+  }
+  // Copies a device buffer back into its host tensor.
+  void download(HostTensor& t) {
+    if (t.empty() || t.numel() == 0) return;
+    ASSERT_EQ(cudaMemcpy(t.data(), dev(t), t.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  void poison_gradients() {
+    for (HostTensor* t : {&c_.dq, &c_.dk, &c_.dv, &c_.drab}) {
+      if (!t->empty() && t->numel() > 0) {
+        poison(*t);
+        EXPECT_EQ(cudaMemcpy(dev(*t), t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      }
+    }
+  }
+
+ private:
+  std::vector<HostTensor*> tensors() {
+    return {&c_.q, &c_.k, &c_.v, &c_.rab, &c_.cu_seqlens_q, &c_.cu_seqlens_k, &c_.num_contexts, &c_.num_targets,
+            &c_.dout, &c_.out, &c_.lse, &c_.dq, &c_.dk, &c_.dv, &c_.drab};
+  }
+  void* dev(const HostTensor& t) {
+    const std::vector<HostTensor*> all = tensors();
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] == &t) return ptrs_[i];
+    return nullptr;
+  }
+  void to_device(Problem& p) {
+    p.device = DeviceKind::kCuda;
+    p.q.data = dev(c_.q);
+    p.k.data = dev(c_.k);
+    p.v.data = dev(c_.v);
+    p.cu_seqlens_q.data = dev(c_.cu_seqlens_q);
+    p.cu_seqlens_k.data = dev(c_.cu_seqlens_k);
+    p.rab.data = dev(c_.rab);
+    p.num_contexts.data = dev(c_.num_contexts);
+    p.num_targets.data = dev(c_.num_targets);
+  }
+
+  Case& c_;
+  std::vector<void*> ptrs_;
+};
+
+enum class ForwardOn { kCpu, kGpu };
+
+// Runs the sm80 backward on `c` (forward outputs from `fwd`), compares with the float64 oracle, and when
+// `check_determinism` runs the deterministic mode twice and demands identical bits.
+void check_backward(const CaseConfig& cfg, bool deterministic = false, bool check_determinism = false,
+                    ForwardOn fwd = ForwardOn::kCpu) {
+  SCOPED_TRACE(cfg.describe() + (deterministic ? " deterministic" : ""));
+  Case c = Case::make(cfg, test_seed());
+  Case ref = c.fp32_copy();
+  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
+  ASSERT_TRUE(run_backward(ref, Backend::kCpuReference));
+  Case plain = c.fresh_copy();
+  plain_backward(plain);
+
+  if (fwd == ForwardOn::kCpu && cfg.score == ScoreFunction::kSoftmax) ASSERT_TRUE(run_forward(c, Backend::kCpu));
+  DeviceCase dc(c);
+  if (fwd == ForwardOn::kGpu && cfg.score == ScoreFunction::kSoftmax) {
+    const Status s = attention_forward(dc.forward_args());
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download(c.out);
+    dc.download(c.lse);
+  }
+  const Status s = attention_backward(dc.backward_args(deterministic));
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (HostTensor* t : {&c.dq, &c.dk, &c.dv, &c.drab}) dc.download(*t);
+
+  const bool hstu = cfg.score == ScoreFunction::kHstuSilu;
+  const double factor = hstu ? kHstuFactor : kGradFactor;
+  EXPECT_TRUE(check_close("dq", c.dq, plain.dq, ref.dq, factor));
+  EXPECT_TRUE(check_close("dk", c.dk, plain.dk, ref.dk, factor));
+  EXPECT_TRUE(check_close("dv", c.dv, plain.dv, ref.dv, factor));
+  if (cfg.drab) EXPECT_TRUE(check_close("drab", c.drab, plain.drab, ref.drab, kHstuFactor));
+
+  if (check_determinism) {
+    const std::vector<HostTensor> first = {c.dq, c.dk, c.dv, c.drab};
+    for (int run = 0; run < 2; ++run) {
+      dc.poison_gradients();
+      const Status s2 = attention_backward(dc.backward_args(deterministic));
+      ASSERT_TRUE(s2.ok()) << s2.message;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (HostTensor* t : {&c.dq, &c.dk, &c.dv, &c.drab}) dc.download(*t);
+      const std::vector<HostTensor> again = {c.dq, c.dk, c.dv, c.drab};
+      const char* names[] = {"dq", "dk", "dv", "drab"};
+      for (size_t i = 0; i < first.size(); ++i) {
+        EXPECT_EQ(first[i].bytes.size(), again[i].bytes.size());
+        EXPECT_TRUE(first[i].bytes == again[i].bytes) << names[i] << " differs between deterministic runs";
+      }
+    }
+  }
+}
+
+CaseConfig softmax_cfg(DType dt, int64_t b, int64_t h, int64_t hk, int64_t d, int64_t sq, int64_t sk) {
+  CaseConfig cfg;
+  cfg.score = ScoreFunction::kSoftmax;
+  cfg.dtype = dt;
+  cfg.batch = b;
+  cfg.heads = h;
+  cfg.heads_k = hk;
+  cfg.head_dim = d;
+  cfg.seqlen_q = sq;
+  cfg.seqlen_k = sk;
+  return cfg;
+}
+
+CaseConfig hstu_cfg(DType dt, std::vector<int32_t> lens, int64_t h, int64_t d) {
+  CaseConfig cfg;
+  cfg.score = ScoreFunction::kHstuSilu;
+  cfg.dtype = dt;
+  cfg.seqlens_q = std::move(lens);
+  cfg.heads = h;
+  cfg.heads_k = h;
+  cfg.head_dim = d;
+  cfg.alpha = 1.0f / static_cast<float>(d);
+  cfg.causal = true;
+  return cfg;
+}
+
+// ---- softmax ----
+
+TEST(Sm80Backward, SoftmaxOddLengths) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t s : {1, 113, 1023}) check_backward(softmax_cfg(dt, 2, 2, 2, 64, s, s));
+  }
+  check_backward(softmax_cfg(DType::kBFloat16, 1, 2, 2, 128, 113, 300));
+  check_backward(softmax_cfg(DType::kFloat16, 1, 2, 2, 128, 257, 97));
+}
+
+TEST(Sm80Backward, SoftmaxHeadDimBelowBucket) {
+  check_backward(softmax_cfg(DType::kBFloat16, 2, 2, 2, 48, 130, 200));
+  CaseConfig cfg = softmax_cfg(DType::kFloat16, 1, 2, 2, 128, 150, 150);
+  cfg.head_dim_v = 64;
+  check_backward(cfg);
+  cfg = softmax_cfg(DType::kBFloat16, 1, 2, 2, 72, 129, 129);
+  cfg.head_dim_v = 104;
+  check_backward(cfg);
+}
+
+TEST(Sm80Backward, SoftmaxCausalWindowSoftcap) {
+  CaseConfig cfg = softmax_cfg(DType::kBFloat16, 2, 2, 2, 64, 333, 333);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg = softmax_cfg(DType::kFloat16, 1, 2, 2, 128, 200, 457);  // causal with s_q < s_k (bottom-right aligned)
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg = softmax_cfg(DType::kFloat16, 1, 2, 2, 128, 457, 200);  // causal with s_q > s_k: rows without keys
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg = softmax_cfg(DType::kBFloat16, 1, 2, 2, 64, 500, 500);
+  cfg.window_left = 70;
+  cfg.window_right = 33;
+  check_backward(cfg);
+  cfg = softmax_cfg(DType::kBFloat16, 1, 2, 2, 64, 300, 300);
+  cfg.softcap = 5.0f;
+  cfg.softmax_scale = 0.3f;
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+}
+
+TEST(Sm80Backward, SoftmaxGqa) {
+  check_backward(softmax_cfg(DType::kBFloat16, 2, 6, 2, 64, 200, 200));
+  CaseConfig cfg = softmax_cfg(DType::kFloat16, 1, 8, 1, 128, 129, 257);
+  cfg.causal = true;
+  check_backward(cfg);
+}
+
+TEST(Sm80Backward, SoftmaxVarlenWithEmptySequences) {
+  CaseConfig cfg = softmax_cfg(DType::kBFloat16, 0, 3, 3, 64, 0, 0);
+  cfg.seqlens_q = {0, 113, 1, 0, 300, 64};
+  cfg.seqlens_k = {5, 113, 0, 0, 257, 200};
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg.heads_k = 1;
+  check_backward(cfg);
+}
+
+TEST(Sm80Backward, SoftmaxDeterministic) {
+  CaseConfig cfg = softmax_cfg(DType::kBFloat16, 2, 4, 2, 64, 700, 700);
+  check_backward(cfg, /*deterministic=*/true, /*check_determinism=*/true);
+  cfg = softmax_cfg(DType::kFloat16, 1, 2, 2, 128, 1023, 1023);
+  cfg.causal = true;
+  check_backward(cfg, true, true);
+}
+
+TEST(Sm80Backward, SoftmaxWithGpuForward) {
+  CaseConfig cfg = softmax_cfg(DType::kBFloat16, 2, 4, 2, 128, 515, 515);
+  cfg.causal = true;
+  check_backward(cfg, false, false, ForwardOn::kGpu);
+}
+
+TEST(Sm80Backward, SoftmaxBuckets96And256) {
+  CaseConfig cfg = softmax_cfg(DType::kBFloat16, 2, 2, 2, 96, 177, 177);
+  cfg.causal = true;
+  check_backward(cfg);
+  check_backward(softmax_cfg(DType::kFloat16, 1, 4, 2, 80, 211, 150));
+  check_backward(softmax_cfg(DType::kFloat16, 1, 2, 2, 256, 130, 250));
+  cfg = softmax_cfg(DType::kBFloat16, 1, 2, 2, 200, 300, 300);
+  cfg.causal = true;
+  check_backward(cfg, /*deterministic=*/true, /*check_determinism=*/true);
+}
+
+// ---- HSTU ----
+
+TEST(Sm80Backward, HstuCausalAndNoMask) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    CaseConfig cfg = hstu_cfg(dt, {113, 0, 1, 400}, 2, 64);
+    check_backward(cfg);
+    cfg.causal = false;
+    check_backward(cfg);
+  }
+  check_backward(hstu_cfg(DType::kBFloat16, {1023, 77}, 2, 128));
+}
+
+// Cases with rab keep max_seqlen_k a multiple of 8: the checker wants 16-byte aligned rab rows.
+TEST(Sm80Backward, HstuRabAndDrab) {
+  for (int64_t rab_heads : {1, 2}) {
+    CaseConfig cfg = hstu_cfg(DType::kBFloat16, {200, 0, 131}, 2, 64);
+    cfg.rab_heads = rab_heads;
+    cfg.drab = true;
+    check_backward(cfg);
+    check_backward(cfg, /*deterministic=*/true, /*check_determinism=*/true);
+    cfg.rab_heads = rab_heads;
+    cfg.drab = false;
+    check_backward(cfg);
+  }
+  CaseConfig cfg = hstu_cfg(DType::kFloat16, {304, 17}, 3, 128);
+  cfg.rab_heads = 1;
+  cfg.drab = true;
+  check_backward(cfg);
+}
+
+TEST(Sm80Backward, HstuBuckets96And256) {
+  CaseConfig cfg = hstu_cfg(DType::kBFloat16, {200, 31, 0}, 2, 96);
+  cfg.rab_heads = 1;
+  cfg.drab = true;
+  check_backward(cfg);
+  cfg = hstu_cfg(DType::kFloat16, {160, 97}, 2, 256);
+  cfg.rab_heads = 2;
+  cfg.drab = true;
+  check_backward(cfg, /*deterministic=*/true, /*check_determinism=*/true);
+}
+
+TEST(Sm80Backward, HstuContextTargetWindow) {
+  CaseConfig cfg = hstu_cfg(DType::kBFloat16, {296, 45, 263}, 2, 64);
+  cfg.num_contexts = {20, 3, 0};
+  cfg.num_targets = {17, 5, 40};
+  cfg.target_group_size = 3;
+  cfg.rab_heads = 2;
+  cfg.drab = true;
+  check_backward(cfg);
+  cfg = hstu_cfg(DType::kFloat16, {333, 129}, 2, 128);
+  cfg.causal = false;
+  cfg.window_left = 50;
+  cfg.window_right = 20;
+  check_backward(cfg);
+}
+
+}  // namespace
+}  // namespace cuteattn::test
