@@ -59,8 +59,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Element* smem_v = smem_k + Traits::kSizeKV;
   Element* smem_p = smem_v + Traits::kSizeKV;
   Element* smem_ds = smem_p + Traits::kSizePdS;
-  float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kSizePdS);  // [kStages][kBlockM], softmax
-  float* smem_dsum = smem_lse + kStages * kBlockM;                          // [kStages][kBlockM], softmax
 
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
   Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
@@ -188,6 +186,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         const int64_t hq = hk * args.kv_group + g;
         const Element* q_head = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, 0, hq);
         const Element* do_head = static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq);
+        // Softmax LSE and D of query row i sit at index lse_row0 + i; rows past sq read as 0.
+        const int64_t lse_row0 = kHstu ? 0 : seq.lse_index(p, bi, hq, 0);
+        auto row_lse = [&](int i) { return i < sq ? p.lse[lse_row0 + i] : 0.0f; };
+        auto row_dsum = [&](int i) { return i < sq ? args.dsum[lse_row0 + i] : 0.0f; };
         auto load_q_do = [&](int m, int stage) {
           Tensor gQ = make_tensor(make_gmem_ptr(q_head + int64_t(m) * kBlockM * p.q.row_stride),
                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q.row_stride, _1{}));  // (kBlockM, kHeadDim)
@@ -201,20 +203,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);  // (CPY, CPY_M, CPY_K)
           copy_tile_pred(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, sq - m * kBlockM, d);
           copy_tile_pred(gmem_tiled_copy, tdOgdO, tdOsdO, tQcQ, sq - m * kBlockM, dv);
-          if constexpr (!kHstu) {
-            // Threads [0, kBlockM) stage LSE, [kBlockM, 2 kBlockM) stage D of the block's rows.
-            if (tidx < 2 * kBlockM) {
-              const int row = tidx % kBlockM, i = m * kBlockM + row;
-              const float* src = tidx < kBlockM ? p.lse : args.dsum;
-              float* dst = (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + row;
-              if (i < sq) {
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(cast_smem_ptr_to_uint(dst)),
-                             "l"(src + seq.lse_index(p, bi, hq, i)));
-              } else {
-                *dst = 0.0f;
-              }
-            }
-          }
           cp_async_fence();
         };
 
@@ -297,7 +285,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           } else {
             float row_lse2[kRows];  // LSE * log2(e); +inf for rows that see no key (P = 0 there)
             CUTE_UNROLL
-            for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(smem_lse[stage * kBlockM + get<0>(tScS_rc(mi, 0))]);
+            for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(row_lse(m0 + get<0>(tScS_rc(mi, 0))));
             if (p.softcap > 0.0f) {
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
@@ -346,8 +334,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
               const int row = get<0>(tScS_rc(mi, 0));
-              const float lse2 = lse_log2(smem_lse[stage * kBlockM + row]);
-              const float dsum = smem_dsum[stage * kBlockM + row];
+              const float lse2 = lse_log2(row_lse(m0 + row));
+              const float dsum = row_dsum(m0 + row);
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
                 const float prob = static_cast<float>(rX_rc(mi, ni));
@@ -358,7 +346,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           } else {
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
-              const float dsum = smem_dsum[stage * kBlockM + get<0>(tScS_rc(mi, 0))];
+              const float dsum = row_dsum(m0 + get<0>(tScS_rc(mi, 0)));
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) dp_rc(mi, ni) = static_cast<float>(rX_rc(mi, ni)) * (dp_rc(mi, ni) - dsum);
             }

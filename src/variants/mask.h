@@ -111,13 +111,9 @@ struct Mask {
   }
 };
 
-}  // namespace cuteattn::detail
-
-namespace cuteattn::detail {
-
-// Appended by the sm80 forward kernel: the keys visible to row i as the union of two ranges (`second` is
-// empty except for target rows), so a kernel can mask a tile row with interval tests instead of calling
-// visible() per element. For every j: visible(i, j) == (j in first || j in second).
+// The keys visible to row i as the union of two ranges (`second` is empty except for target rows), so a
+// kernel masks a tile row with interval tests instead of calling visible() per element.
+// For every j: visible(i, j) == (j in first || j in second).
 CUTEATTN_HD void visible_spans(const Mask& m, int64_t i, Range* first, Range* second) {
   *first = {0, 0};
   *second = {0, 0};

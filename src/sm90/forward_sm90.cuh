@@ -1,0 +1,246 @@
+// sm90 (Hopper) forward kernel, FlashAttention-3 class: the kernel (warp-specialised: one TMA producer warp,
+// two consumer warpgroups with setmaxnreg, persistent over tiles) and its host side: what it supports, the
+// TMA descriptors and the launch. Instantiated by tools/generate_instances.py for sm_90a only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "core/params.h"
+#include "cuteattn/attention.h"
+#include "sm90/epilogue_sm90.cuh"
+#include "sm90/kernel_traits_sm90.cuh"
+#include "sm90/mainloop_sm90.cuh"
+#include "sm90/named_barriers_sm90.cuh"
+#include "sm90/softmax_sm90.cuh"
+#include "sm90/tile_scheduler_sm90.cuh"
+
+namespace cuteattn::sm90 {
+
+template <class Traits>
+struct ForwardKernelParams {
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  typename Traits::ShapeRows shape_q;  // (rows_q, d, h, b)
+  typename Traits::ShapeRows shape_k;  // (rows_k, d, h_k, b)
+  detail::Params params;
+  TileScheduler scheduler;
+  int* tile_counter;  // dynamic scheduling (masks whose cost varies per tile); null = static
+  ScoreTransform score;
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    forward_kernel_sm90(CUTE_GRID_CONSTANT ForwardKernelParams<Traits> const kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = ForwardMainloopSm90<Traits>;
+  using Epilogue = ForwardEpilogueSm90<Traits>;
+  using PipelineKV = typename Traits::PipelineKV;
+  using PipelineState = typename PipelineKV::PipelineState;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kNumMmaThreads = Traits::kNumMmaThreads;
+
+  extern __shared__ char smem[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    ss.barrier_q.init(1);
+  }
+  typename PipelineKV::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
+  pipeline_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = kNumMmaThreads;
+  PipelineKV pipeline_k(ss.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  PipelineKV pipeline_v(ss.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp_idx != 0) return;
+    PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
+    PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
+    const TileHandoff<kNumMmaThreads> handoff{kp.tile_counter, &ss.next_tile};
+    bool first = true;
+    for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
+      const int claimed = handoff.producer_claim(tile);
+      const TileWork w = TileWork::plan<kBlockM, kBlockN>(kp.params, kp.scheduler.decode(tile));
+      if (w.has_rows() && w.has_keys()) {
+        // Q's buffer holds the previous tile's Q until both consumer warpgroups finished their last Q K^T.
+        if (!first) barrier_sync(kNumMmaThreads + 32, FwdBarrier::kQueryEmpty);
+        first = false;
+        Mainloop::load(kp, ss, pipeline_k, pipeline_v, write_k, write_v, w);
+      }
+      tile = handoff.producer_publish(claimed);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+    const int tid = int(threadIdx.x) - 128;
+    const MmaScheduler<kNumMmaThreads> sched{tid / 128};
+    sched.init();
+    PipelineState read_k, read_v;
+    int q_phase = 0;
+    const TileHandoff<kNumMmaThreads> handoff{kp.tile_counter, &ss.next_tile};
+    handoff.consumer_init();
+    for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles; tile = handoff.consumer_next(tile)) {
+      const TileWork w = TileWork::plan<kBlockM, kBlockN>(kp.params, kp.scheduler.decode(tile));
+      if (!w.has_rows()) continue;
+      if (!w.has_keys()) {
+        Epilogue::store_empty(kp.params, w, tid);
+        continue;
+      }
+      ss.barrier_q.wait(q_phase);
+      q_phase ^= 1;
+      typename Traits::TiledMmaPV tiled_mma_pv;
+      cute::Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));  // (MMA, MMA_M, MMA_N)
+      OnlineSoftmax<2> softmax(kp.score.scale_log2);
+      Mainloop::mma(kp, ss, pipeline_k, pipeline_v, read_k, read_v, w, tid, sched, tOrO, softmax);
+      float inv_sum[2], lse[2];
+      softmax.finalize(inv_sum, lse);
+      Epilogue::store(kp.params, w, tid, tOrO, inv_sum, lse);
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma/TMA: never launched (supports() needs sm_90a)
+#endif
+}
+
+}  // namespace cuteattn::sm90
+
+namespace cuteattn::detail {
+
+template <ScoreFunction kScore, DType kDType, int kHeadDim>
+struct Sm90Forward {
+  using Traits = sm90::ForwardTraitsSm90<kDType, kHeadDim>;
+  using Element = typename Traits::Element;
+  using KernelParams = sm90::ForwardKernelParams<Traits>;
+
+  static Status supports(const Params& p) {
+    if constexpr (kScore != ScoreFunction::kSoftmax) {
+      return Status::NotSupported("sm90 forward: only the softmax score function has an sm90 kernel");
+    } else {
+      const std::string who = "sm90 forward (head dim " + std::to_string(kHeadDim) + "): ";
+      if (p.dtype != kDType) return Status::NotSupported(who + "dtype mismatch");
+      if (p.head_dim != p.head_dim_v) return Status::NotSupported(who + "needs d == d_v");
+      if (p.head_dim > kHeadDim || p.head_dim % 8 != 0)
+        return Status::NotSupported(who + "needs d <= bucket and d % 8 == 0");
+      if (!(p.scale > 0.0f)) return Status::NotSupported(who + "needs softmax_scale > 0");
+      if (p.num_contexts != nullptr || p.num_targets != nullptr)
+        return Status::NotSupported(who + "contextual/target masks are HSTU only");
+      const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+      const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+      const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+      if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31) || p.heads >= (int64_t(1) << 31) ||
+          m_blocks * p.heads * p.batch >= (int64_t(1) << 31))
+        return Status::NotSupported(who + "sizes beyond 32-bit TMA coordinates / tile counts");
+      // TMA: 16-byte aligned base and 16-byte multiple strides (the epilogue's 16-byte stores need the same).
+      auto aligned = [](const RowMajorView& t) {
+        constexpr int64_t kVec = 16 / sizeof(Element);
+        return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % kVec == 0 &&
+               t.head_stride % kVec == 0 && t.batch_stride % kVec == 0;
+      };
+      if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.o))
+        return Status::NotSupported(who + "needs 16-byte aligned pointers and strides");
+      return Status::Ok();
+    }
+  }
+
+  // Masks whose work varies per tile schedule tiles dynamically (tile_scheduler_sm90.cuh) from a counter.
+  static bool dynamic_schedule(const Params& p) { return p.window_right >= 0 || p.window_left >= 0; }
+  static size_t workspace_bytes(const Params& p) { return dynamic_schedule(p) ? 16 : 0; }
+
+  static Status launch(const Params& p, void* workspace) {
+    if constexpr (kScore != ScoreFunction::kSoftmax) {
+      return supports(p);
+    } else {
+      using namespace cute;
+      Status s = supports(p);
+      if (!s.ok()) return s;
+      const int rows_q = int(p.varlen ? p.total_q : p.seqlen_q);
+      const int rows_k = int(p.varlen ? p.total_k : p.seqlen_k);
+      const int batches = p.varlen ? 1 : int(p.batch);
+      // A stride of an extent-1 mode is never used; TMA still wants it 16-byte aligned.
+      auto stride_of = [](int64_t extent, int64_t stride, int64_t fallback) {
+        return extent == 1 ? fallback : stride;
+      };
+      auto make_view = [&](const RowMajorView& t, int rows, int64_t heads) {
+        const int64_t big = int64_t(rows) * t.row_stride;
+        return cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(t.ptr)),
+                           make_shape(rows, int(p.head_dim), int(heads), batches),
+                           make_stride(t.row_stride, _1{}, stride_of(heads, t.head_stride, big),
+                                       stride_of(batches, t.batch_stride, big)));
+      };
+      KernelParams kp{
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads), typename Traits::SmemLayoutQ{},
+                        Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{}),
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k),
+                        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+                        _1{}),
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k),
+                        take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+                        _1{}),
+          make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
+          make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
+          p,
+          {},
+          nullptr,
+          {}};
+
+      int device = 0, num_sms = 0, l2_bytes = 0;
+      cudaGetDevice(&device);
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+      cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+
+      sm90::TileScheduler& sch = kp.scheduler;
+      sch.num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+      sch.heads = int(p.heads);
+      sch.num_bh = int(p.heads * p.batch);
+      sch.num_tiles = sch.num_m_blocks * sch.num_bh;
+      sch.longest_first = p.window_right >= 0;
+      const int64_t kv_bytes_per_head =
+          std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / p.heads);
+      sch.section = int(std::min<int64_t>(std::max<int64_t>(1, l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
+      if (sch.num_tiles == 0) return Status::Ok();
+      auto stream = static_cast<cudaStream_t>(p.stream);
+      if (dynamic_schedule(p) && workspace != nullptr) {
+        kp.tile_counter = static_cast<int*>(workspace);
+        const cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
+        if (err != cudaSuccess)
+          return {StatusCode::kCudaError, std::string("sm90 forward: cudaMemsetAsync: ") + cudaGetErrorString(err)};
+      }
+
+      kp.score.softcap = p.softcap;
+      kp.score.scale_over_cap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
+      kp.score.scale_log2 = (p.softcap > 0.0f ? 1.0f : p.scale) * float(M_LOG2E);
+
+      auto kernel = sm90::forward_kernel_sm90<Traits>;
+      constexpr int kSmem = Traits::kSmemBytes;
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (err != cudaSuccess)
+        return {StatusCode::kCudaError, std::string("sm90 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
+      const int grid = std::min(sch.num_tiles, std::max(num_sms, 1));
+      kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(kp);
+      err = cudaGetLastError();
+      if (err != cudaSuccess)
+        return {StatusCode::kCudaError, std::string("sm90 forward: launch: ") + cudaGetErrorString(err)};
+      return Status::Ok();
+    }
+  }
+};
+
+}  // namespace cuteattn::detail

@@ -1,0 +1,114 @@
+// Compile-time shape of the sm90 forward kernel for one (element type, head dim): tile sizes, thread roles,
+// shared-memory layouts, TMA copy types and the two warpgroup MMAs (S = Q K^T from shared memory,
+// O += P V with P from registers).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuteattn/types.h"
+
+namespace cuteattn::sm90 {
+
+using namespace cute;
+
+struct ForwardTileConfig {
+  int block_n;
+  int stages;
+};
+
+// kBlockM is always 128: two consumer warpgroups of 64 rows (one wgmma M atom each) share every K/V tile.
+// kBlockN and the K/V ring depth fill the 227 KB of shared memory:
+//   Q (128 x d) + stages * (K + V) (kBlockN x d each), 16-bit elements.
+// Registers per consumer thread: S = 64 x kBlockN / 128 and O = 64 x d / 128 fp32, plus P in 16 bits.
+//   d  64: 16 KB + 4 x 32 KB                  S 64, O  32
+//   d  96: 24 KB + 3 x 48 KB                  S 64, O  48
+//   d 128: 32 KB + 2 x 64 KB (FA3 uses 2 too) S 64, O  64
+//   d 192: 48 KB + 2 x 72 KB, kBlockN 96      S 48, O  96
+//   d 256: 64 KB + 2 x 64 KB, kBlockN 64      S 32, O 128
+constexpr ForwardTileConfig forward_tile_config(int head_dim) {
+  return head_dim <= 64    ? ForwardTileConfig{128, 4}
+         : head_dim <= 96  ? ForwardTileConfig{128, 3}
+         : head_dim <= 128 ? ForwardTileConfig{128, 2}
+         : head_dim <= 192 ? ForwardTileConfig{96, 2}
+                           : ForwardTileConfig{64, 2};
+}
+
+template <DType kDType>
+using ElementOf = std::conditional_t<kDType == DType::kBFloat16, cutlass::bfloat16_t, cutlass::half_t>;
+
+// The widest wgmma-canonical swizzle whose row (kCols 16-bit elements) the K-major tile rows are a multiple of.
+template <class Element, int kCols>
+using SmemAtomKMajor =
+    std::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                       std::conditional_t<kCols % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
+                                          GMMA::Layout_K_SW32_Atom<Element>>>;
+
+template <DType kDType, int kHeadDim_>
+struct ForwardTraitsSm90 {
+  using Element = ElementOf<kDType>;
+  using ElementAccum = float;
+
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = forward_tile_config(kHeadDim).block_n;
+  static constexpr int kStages = forward_tile_config(kHeadDim).stages;
+  static constexpr int kNumMmaWarpGroups = 2;
+  static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0 produces (one TMA warp)
+  // setmaxnreg budget: 24 * 128 + 240 * 256 = 64512 = 384 threads x 168 registers (launch bound).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K is 16");
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, N, K) of O = P V
+  using AtomLayoutMNK = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;     // warpgroups split M
+  using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>(),
+                                             AtomLayoutMNK{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutMNK{}));
+
+  using SmemAtom = SmemAtomKMajor<Element, kHeadDim>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V^T for the B operand of P V: the same bytes as V viewed (kHeadDim, kBlockN, kStages), i.e. MN-major.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{},
+      make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // Global views handed to TMA: (rows, d, heads, batch) with 64-bit strides; varlen uses rows = total, batch 1.
+  using ShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideRows = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeRows{},
+                                          StrideRows{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_k;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_v;
+    int next_tile;  // dynamic tile scheduling: producer -> consumers
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm90 CTA exceeded");
+};
+
+}  // namespace cuteattn::sm90
