@@ -104,16 +104,18 @@ class TritonHstu(Impl):
     def supports(self, cell: Cell) -> Optional[str]:
         if cell.kind != "hstu":
             return "HSTU only"
+        if not cell.causal and "causal" not in self.params:
+            return "causal only in this release"
         return "no relative attention bias in this kernel" if cell.rab else None
 
     def make(self, inputs: Inputs) -> Callable:
         cell = inputs.cell
         seqlen_name = "N" if "N" in self.params else "max_seq_len"  # the name changed across releases
-        kw = {seqlen_name: cell.seqlen, "alpha": 1.0 / cell.d, "seq_offsets": inputs.cu_seqlens.to(torch.int64),
-              "causal": cell.causal}  # fmt: skip
+        kw = {seqlen_name: cell.seqlen, "alpha": 1.0 / cell.d, "seq_offsets": inputs.cu_seqlens.to(torch.int64)}
         if inputs.num_targets is not None:
             kw["num_targets"] = inputs.num_targets.to(torch.int64)
-        for name, value in (("dropout_pr", 0.0), ("training", True)):
+        # Keywords that only some releases take.
+        for name, value in (("causal", cell.causal), ("dropout_pr", 0.0), ("training", True)):
             if name in self.params:
                 kw[name] = value
         return lambda q, k, v: self.fn(q=q, k=k, v=v, **kw)

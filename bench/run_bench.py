@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--target-ms", type=float, default=300.0, help="timed milliseconds per measurement")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--commit", help="commit id for the file name (default: git, else $CUTEATTN_COMMIT)")
+    p.add_argument("--child-timeout", type=float, default=900.0, help="seconds for one isolated measurement")
     p.add_argument("--child", help=argparse.SUPPRESS)  # JSON cell: measure one implementation, print RESULT
     p.add_argument("--child-impl", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -124,9 +125,9 @@ def measure_in_child(cell: Cell, impl: Impl, direction: str, args) -> Dict:
     if args.no_check:
         cmd.append("--no-check")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
     except subprocess.TimeoutExpired:
-        return {"error": "timed out after 900 s"}
+        return {"error": f"timed out after {args.child_timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             entry = json.loads(line[len("RESULT "):])[direction]
@@ -178,6 +179,7 @@ def main(argv=None):
     timer = Timer(device, args.target_ms)
     run = report.environment(args.commit, list(impls))
     progress = Progress(len(cells) * len(impls))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     for cell in cells:
         inputs = Inputs(cell, device)
         entry = {"key": cell.key, "cell": cell.as_dict(), "flops": flops(cell, inputs.lengths), "results": {}}
@@ -192,6 +194,8 @@ def main(argv=None):
             progress.step(f"{cell.key} {name}")
         entry["ratios"] = report.ratios(entry)
         run["cells"].append(entry)
+        # Kept up to date cell by cell, so a run stopped early still leaves its measurements.
+        (Path(args.out) / "partial.json").write_text(json.dumps(run, indent=1))
         del inputs
         torch.cuda.empty_cache()
     tag = cells[0].key if args.kind else ("quick" if args.quick else "")

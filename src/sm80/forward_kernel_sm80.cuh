@@ -1,0 +1,357 @@
+// The sm80 forward kernel (FlashAttention-2 algorithm on mma.sync): one thread block computes one
+// (query block, batch, head) tile of O for the softmax or the HSTU score function.
+// Pipeline per key block n (visited from the last to the first, so the partial and diagonal tiles come
+// first): wait for K(n); start V(n); S = Q K^T; score transform and mask; wait for V(n); start K(n-1);
+// softmax (or SiLU) on S in registers; O += P V with P reused from the accumulator registers.
+#pragma once
+
+#include <climits>
+#include <cmath>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "core/params.h"
+#include "sm80/kernel_traits_fwd_sm80.cuh"
+#include "sm80/softmax_sm80.cuh"
+#include "sm80/utils_sm80.cuh"
+#include "variants/mask.h"
+#include "variants/score.h"
+#include "variants/sequence.h"
+
+namespace cuteattn::sm80 {
+
+using namespace cute;
+using cute::make_tensor;  // not cuteattn::make_tensor / cuteattn::Tensor (public API names)
+using cute::Tensor;
+using detail::Mask;
+using detail::Params;
+using detail::Range;
+using detail::SequenceInfo;
+
+CUTE_DEVICE float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// HSTU activation: silu(s) * inv_scaling_seqlen; __fdividef is exact enough here and returns 0 (the
+// limit) when exp(-s) overflows.
+CUTE_DEVICE float silu_scaled(float s, float inv_scaling_seqlen) {
+  return __fdividef(s, 1.0f + __expf(-s)) * inv_scaling_seqlen;
+}
+
+// Writes O = 0 (and LSE = -inf) for a query block that sees no key at all.
+template <class Traits, class TO>
+CUTE_DEVICE void store_empty_block(const Params& p, TO& gO, int rows, int64_t lse_base_row, const SequenceInfo& seq,
+                                   int bi, int head) {
+  using Element = typename Traits::Element;
+  const int tid = threadIdx.x;
+  typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
+  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tid);
+  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (CPY, CPY_M, CPY_K)
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (CPY, CPY_M, CPY_K)
+  clear(tOrO);
+  Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});  // (kBlockM, kHeadDim)
+  Tensor tOcO = gmem_thr_copy_O.partition_D(cO);  // (CPY, CPY_M, CPY_K)
+  Tensor tOpO = make_tensor<bool>(make_shape(size<2>(tOgO)));  // (CPY_K)
+  CUTE_UNROLL
+  for (int k = 0; k < size(tOpO); ++k) tOpO(k) = get<1>(tOcO(0, 0, k)) < p.head_dim_v;
+  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, tOpO, rows);
+  if (p.lse != nullptr) {
+    for (int r = tid; r < rows; r += Traits::kNThreads) {
+      p.lse[seq.lse_index(p, bi, head, lse_base_row + r)] = -INFINITY;
+    }
+  }
+}
+
+// Sets the invisible entries of a score tile (keys n0..) to `value`. `spans` holds, per tile row, the
+// visible keys of that row as two intervals [x, y) and [z, w) (Mask's visible_spans, precomputed once per
+// query block), so the test is four 32-bit compares per element.
+template <class TS, class TC>
+CUTE_DEVICE void mask_tile(TS& scores_rc, TC const& coords_rc, const int4* spans, int n0, float value) {
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(scores_rc); ++mi) {
+    const int4 sp = spans[get<0>(coords_rc(mi, 0))];
+    const int a0 = sp.x - n0, a1 = sp.y - n0, b0 = sp.z - n0, b1 = sp.w - n0;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(scores_rc); ++ni) {
+      const int c = get<1>(coords_rc(0, ni));
+      if (!((c >= a0 && c < a1) || (c >= b0 && c < b1))) scores_rc(mi, ni) = value;
+    }
+  }
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(const __grid_constant__ Params p) {
+  using Element = typename Traits::Element;
+  constexpr bool kHstu = Traits::kHstu;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+  // Heavier (later, under causal masks) query blocks first: they start while the grid is still full.
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int bi = blockIdx.y;
+  const int head = blockIdx.z;
+
+  const SequenceInfo seq = SequenceInfo::of(p, bi);
+  const int64_t m0 = int64_t(m_block) * kBlockM;
+  if (m0 >= seq.sq) return;
+  const int rows_q = int(detail::min64(seq.sq - m0, kBlockM));
+  const Mask mask = Mask::of(p, seq, bi);
+  const int head_k = int(head / (p.heads / p.heads_k));
+
+  Element* o_ptr = static_cast<Element*>(p.o.ptr) + seq.q_offset(p.o, bi, m0, head);
+  Tensor gO = make_tensor(make_gmem_ptr(o_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                          make_stride(p.o.row_stride, _1{}));  // (kBlockM, kHeadDim)
+
+  const Range keys = mask.key_range(m0, m0 + kBlockM);
+  if (keys.empty()) {
+    store_empty_block<Traits>(p, gO, rows_q, m0, seq, bi, head);
+    return;
+  }
+  const int n_block_min = int(keys.begin / kBlockN);
+  const int n_block_max = int((keys.end + kBlockN - 1) / kBlockN);
+
+  // Per-row visible key spans (sequence key indices < 2^31: cu_seqlens are int32), and the keys every
+  // row of the block sees, [full_lo, full_hi): tiles inside it skip the element mask. Kept in shared
+  // memory, the mask costs the main loop no registers.
+  __shared__ int4 smem_spans[kBlockM];
+  __shared__ int smem_full[2];
+  if (tid == 0) {
+    smem_full[0] = 0;
+    smem_full[1] = INT_MAX;
+  }
+  __syncthreads();
+  for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
+    Range a, b;
+    detail::visible_spans(mask, m0 + r, &a, &b);
+    smem_spans[r] = make_int4(int(a.begin), int(a.end), int(b.begin), int(b.end));
+    if (r < rows_q) {
+      atomicMax(&smem_full[0], int(a.begin));
+      atomicMin(&smem_full[1], int(a.end));
+    }
+  }
+  __syncthreads();
+  const int full_lo = smem_full[0];
+  const int full_hi = smem_full[1];
+
+  const Element* q_ptr = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, m0, head);
+  const Element* k_ptr = static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, 0, head_k);
+  const Element* v_ptr = static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, 0, head_k);
+  const int64_t k_row_stride = p.k.row_stride;
+  const int64_t v_row_stride = p.v.row_stride;
+
+  Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                          make_stride(p.q.row_stride, _1{}));  // (kBlockM, kHeadDim)
+  auto gK_block = [&](int n) {
+    return make_tensor(make_gmem_ptr(k_ptr + int64_t(n) * kBlockN * k_row_stride), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                       make_stride(k_row_stride, _1{}));  // (kBlockN, kHeadDim)
+  };
+  auto gV_block = [&](int n) {
+    return make_tensor(make_gmem_ptr(v_ptr + int64_t(n) * kBlockN * v_row_stride), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                       make_stride(v_row_stride, _1{}));  // (kBlockN, kHeadDim)
+  };
+
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+  Tensor sK = make_tensor(make_smem_ptr(smem_q + cosize(typename Traits::SmemLayoutQ{})),
+                          typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  Tensor sV = make_tensor(sK.data() + cosize(typename Traits::SmemLayoutKV{}),
+                          typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN)
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});   // (kBlockM, kHeadDim)
+
+  // Global -> shared (cp.async, 128-bit), with coordinates for the row and head-dim predicates.
+  typename Traits::GmemTiledCopyQKV gmem_tiled_copy;
+  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr_copy.partition_S(gQ);  // (CPY, CPY_M, CPY_K)
+  Tensor tQsQ = gmem_thr_copy.partition_D(sQ);  // (CPY, CPY_M, CPY_K)
+  Tensor tKsK = gmem_thr_copy.partition_D(sK);  // (CPY, CPY_N, CPY_K)
+  Tensor tVsV = gmem_thr_copy.partition_D(sV);  // (CPY, CPY_N, CPY_K)
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});   // (kBlockM, kHeadDim)
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, kHeadDim)
+  Tensor tQcQ = gmem_thr_copy.partition_S(cQ);     // (CPY, CPY_M, CPY_K)
+  Tensor tKVcKV = gmem_thr_copy.partition_S(cKV);  // (CPY, CPY_N, CPY_K)
+  Tensor tQKp = make_tensor<bool>(make_shape(size<2>(tQsQ)));  // (CPY_K): column chunk inside d
+  Tensor tVp = make_tensor<bool>(make_shape(size<2>(tVsV)));   // (CPY_K): column chunk inside d_v
+  CUTE_UNROLL
+  for (int k = 0; k < size(tQKp); ++k) {
+    tQKp(k) = get<1>(tQcQ(0, 0, k)) < p.head_dim;
+    tVp(k) = get<1>(tQcQ(0, 0, k)) < p.head_dim_v;
+  }
+
+  // MMA partitions and the ldmatrix copies that feed them.
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(sV.data(), Layout<Shape<Int<kHeadDim>, Int<kBlockN>>>{}));  // (MMA, MMA_K, MMA_N)
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_K)
+  clear(acc_o);
+
+  auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
+  auto smem_tiled_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
+  auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
+
+  // Tile coordinates of each score register, viewed as (rows, cols).
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
+  Tensor tScS = thr_mma.partition_C(cS);                                   // (MMA, MMA_M, MMA_N)
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));  // (ROWS, COLS)
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (ROWS, COLS_O)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+
+  const int64_t sk = seq.sk;
+  const bool has_softcap = !kHstu && p.softcap > 0.0f;
+  const float softcap_in = has_softcap ? p.scale / p.softcap : 0.0f;
+  const float scale_log2 = (has_softcap ? 1.0f : p.scale) * float(M_LOG2E);
+  const Element* rab_ptr = nullptr;
+  if constexpr (kHstu) {
+    if (p.rab != nullptr) {
+      rab_ptr = static_cast<const Element*>(p.rab) + int64_t(bi) * p.rab_batch_stride +
+                (p.rab_heads == 1 ? 0 : int64_t(head)) * p.rab_head_stride;
+    }
+  }
+  OnlineSoftmax<kRows> softmax;
+
+  // Prologue: Q and the last key block in flight together.
+  copy_tile_predicated<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, tQKp, rows_q);
+  {
+    Tensor tKgK = gmem_thr_copy.partition_S(gK_block(n_block_max - 1));  // (CPY, CPY_N, CPY_K)
+    copy_tile_predicated<true>(gmem_tiled_copy, tKgK, tKsK, tKVcKV, tQKp, int(sk - int64_t(n_block_max - 1) * kBlockN));
+  }
+  cp_async_fence();
+
+  // One key block. kMasked: the tile has invisible or out-of-range entries (element mask, row-checked V
+  // copy); kFeature: softcap (softmax) or rab (HSTU) is on. Each combination is a separate inlined copy of
+  // the body so that the common path (full tile, no feature) carries no predicated-off mask or tanh work.
+  auto step = [&](int n_block, auto masked_tag, auto feature_tag) __attribute__((always_inline)) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
+    constexpr bool kFeature = decltype(feature_tag)::value;
+    const int64_t n0 = int64_t(n_block) * kBlockN;
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    Tensor acc_s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (ROWS, COLS)
+
+    cp_async_wait<0>();
+    __syncthreads();  // K(n) visible to all warps; every warp is done with V(n+1)
+    {
+      Tensor tVgV = gmem_thr_copy.partition_S(gV_block(n_block));  // (CPY, CPY_N, CPY_K)
+      // Only a masked tile can be partial (a full tile ends at or before the last key).
+      copy_tile_predicated<kMasked>(gmem_tiled_copy, tVgV, tVsV, tKVcKV, tVp, int(sk - n0));
+      cp_async_fence();
+    }
+
+    // HSTU relative attention bias, read straight into the accumulator layout; in flight during Q K^T.
+    Tensor rRab = make_tensor<float>(shape(acc_s_rc));  // (ROWS, COLS)
+    if constexpr (kHstu && kFeature) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(rRab); ++mi) {
+        const int64_t i = m0 + get<0>(tScS_rc(mi, 0));
+        const int64_t r = i + (seq.sk - seq.sq);
+        const bool row_ok = i < seq.sq && r >= 0 && r < p.seqlen_k;
+        const Element* rab_row = rab_ptr + r * p.rab_row_stride;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(rRab); ++ni) {
+          const int64_t j = n0 + get<1>(tScS_rc(0, ni));
+          rRab(mi, ni) = row_ok && (!kMasked || j < sk) ? float(rab_row[j]) : 0.0f;
+        }
+      }
+    }
+
+    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+            smem_thr_copy_K);
+
+    if constexpr (kHstu) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(acc_s_rc); ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_s_rc); ++ni) {
+          const float qk = kFeature ? acc_s_rc(mi, ni) + rRab(mi, ni) : acc_s_rc(mi, ni);
+          acc_s_rc(mi, ni) = silu_scaled(p.alpha * qk, p.inv_scaling_seqlen);
+        }
+      }
+      if constexpr (kMasked) mask_tile(acc_s_rc, tScS_rc, smem_spans, int(n0), 0.0f);
+    } else {
+      if constexpr (kFeature) {
+        CUTE_UNROLL
+        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = p.softcap * tanh_approx(acc_s(e) * softcap_in);
+      }
+      if constexpr (kMasked) mask_tile(acc_s_rc, tScS_rc, smem_spans, int(n0), -INFINITY);
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V(n) visible to all warps; every warp is done reading K(n)
+    if (n_block > n_block_min) {
+      Tensor tKgK = gmem_thr_copy.partition_S(gK_block(n_block - 1));  // (CPY, CPY_N, CPY_K)
+      copy_tile_predicated<false>(gmem_tiled_copy, tKgK, tKsK, tKVcKV, tQKp, kBlockN);
+      cp_async_fence();
+    }
+
+    if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2);
+
+    Tensor rP = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), acc_layout_as_a_operand(rP.layout()));  // ((2,2,2), MMA_M, MMA_N / 2)
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+  };
+
+  const bool feature = kHstu ? rab_ptr != nullptr : has_softcap;
+  using Yes = std::true_type;
+  using No = std::false_type;
+  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {
+    const bool full = n_block * kBlockN >= full_lo && n_block * kBlockN + kBlockN <= full_hi;
+    if (feature) {
+      full ? step(n_block, No{}, Yes{}) : step(n_block, Yes{}, Yes{});
+    } else {
+      full ? step(n_block, No{}, No{}) : step(n_block, Yes{}, No{});
+    }
+  }
+
+  // Epilogue: normalise, stage O through shared memory (reusing sQ), store with 128-bit vectors.
+  Tensor rLse = make_tensor<float>(Shape<Int<kRows>>{});  // (ROWS)
+  if constexpr (!kHstu) softmax.finalize(acc_o_rc, rLse);
+  Tensor rO = convert_fragment<Element>(acc_o);  // (MMA, MMA_M, MMA_K)
+  auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(tid);
+  Tensor taccOrO = smem_thr_copy_O.retile_S(rO);   // (CPY, CPY_M, CPY_K)
+  Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_K)
+  __syncthreads();  // every warp is done reading sQ before it is overwritten with O
+  cute::copy(smem_tiled_copy_O, taccOrO, taccOsO);
+
+  if constexpr (!kHstu) {
+    if (p.lse != nullptr) {
+      Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
+      Tensor tOcO = thr_mma.partition_C(cO);                                    // (MMA, MMA_M, MMA_K)
+      Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));  // (ROWS, COLS_O)
+      if (get<1>(tOcO_rc(0, 0)) == 0) {  // the first thread of each quad owns its rows' LSE
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const int row = get<0>(tOcO_rc(mi, 0));
+          if (row < rows_q) p.lse[seq.lse_index(p, bi, head, m0 + row)] = rLse(mi);
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
+  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tid);
+  Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (CPY, CPY_M, CPY_K)
+  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (CPY, CPY_M, CPY_K)
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (CPY, CPY_M, CPY_K)
+  cute::copy(gmem_tiled_copy_O, tOsO, tOrO);
+  Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (CPY, CPY_M, CPY_K)
+  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, tVp, rows_q);
+}
+
+}  // namespace cuteattn::sm80

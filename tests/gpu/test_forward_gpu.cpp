@@ -1,0 +1,370 @@
+// GPU tests of the sm80 forward kernels (softmax with LSE, HSTU): output and LSE against the float64 CPU
+// oracle under the FlashAttention tolerance rule (2x the error of the plain low-precision computation),
+// every output element written over a NaN poison. Covers fixed and varlen layouts (zero-length
+// sequences), odd lengths, GQA/MQA, causal, window, softcap, head dims below their bucket, d != d_v, and
+// every HSTU mask (causal, window, contextual, targets with group sizes) with and without rab.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "cuteattn/attention.h"
+
+namespace cuteattn::test {
+namespace {
+
+// Device copies of the forward buffers of a Case; outputs are uploaded with their NaN poison.
+class DeviceForward {
+ public:
+  explicit DeviceForward(Case& c) : c_(c) {
+    for (HostTensor* t : tensors()) {
+      void* p = nullptr;
+      if (!t->empty() && t->numel() > 0) {
+        EXPECT_EQ(cudaMalloc(&p, t->bytes.size()), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(p, t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      ptrs_.push_back(p);
+    }
+  }
+  ~DeviceForward() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  DeviceForward(const DeviceForward&) = delete;
+  DeviceForward& operator=(const DeviceForward&) = delete;
+
+  ForwardArgs args() {
+    ForwardArgs a = c_.forward_args(Backend::kSm80);
+    Problem& p = a.problem;
+    p.device = DeviceKind::kCuda;
+    p.q.data = dev(c_.q);
+    p.k.data = dev(c_.k);
+    p.v.data = dev(c_.v);
+    p.cu_seqlens_q.data = dev(c_.cu_seqlens_q);
+    p.cu_seqlens_k.data = dev(c_.cu_seqlens_k);
+    p.rab.data = dev(c_.rab);
+    p.num_contexts.data = dev(c_.num_contexts);
+    p.num_targets.data = dev(c_.num_targets);
+    a.out.data = dev(c_.out);
+    if (a.lse.defined()) a.lse.data = dev(c_.lse);
+    return a;
+  }
+  void download() {
+    for (HostTensor* t : {&c_.out, &c_.lse}) {
+      if (t->empty() || t->numel() == 0) continue;
+      ASSERT_EQ(cudaMemcpy(t->data(), dev(*t), t->bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  }
+
+ private:
+  std::vector<HostTensor*> tensors() {
+    return {&c_.q,          &c_.k,           &c_.v,   &c_.rab, &c_.cu_seqlens_q, &c_.cu_seqlens_k,
+            &c_.num_contexts, &c_.num_targets, &c_.out, &c_.lse};
+  }
+  void* dev(const HostTensor& t) {
+    const std::vector<HostTensor*> all = tensors();
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] == &t) return ptrs_[i];
+    return nullptr;
+  }
+
+  Case& c_;
+  std::vector<void*> ptrs_;
+};
+
+// Runs the sm80 forward on a fresh random case and checks out (and LSE) against the float64 oracle.
+void check_forward(const CaseConfig& cfg) {
+  SCOPED_TRACE(cfg.describe());
+  Case c = Case::make(cfg, test_seed());
+  Case ref = c.fp32_copy();
+  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
+  Case plain = c.fresh_copy();
+  plain_forward(plain);
+
+  {
+    DeviceForward dc(c);
+    const Status s = attention_forward(dc.args());
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download();
+  }
+  EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
+  if (cfg.score == ScoreFunction::kSoftmax) {
+    EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
+  }
+}
+
+CaseConfig softmax_fixed(DType dtype, int64_t d, int64_t b, int64_t h, int64_t hk, int64_t sq, int64_t sk) {
+  CaseConfig cfg;
+  cfg.score = ScoreFunction::kSoftmax;
+  cfg.dtype = dtype;
+  cfg.head_dim = d;
+  cfg.batch = b;
+  cfg.heads = h;
+  cfg.heads_k = hk;
+  cfg.seqlen_q = sq;
+  cfg.seqlen_k = sk;
+  return cfg;
+}
+
+CaseConfig hstu_varlen(DType dtype, int64_t d, int64_t h, std::vector<int32_t> lengths) {
+  CaseConfig cfg;
+  cfg.score = ScoreFunction::kHstuSilu;
+  cfg.dtype = dtype;
+  cfg.head_dim = d;
+  cfg.heads = h;
+  cfg.heads_k = h;
+  cfg.seqlens_q = std::move(lengths);
+  cfg.causal = true;
+  cfg.alpha = 1.0f / static_cast<float>(d);
+  return cfg;
+}
+
+// ---- softmax, fixed layout ----
+
+TEST(Sm80Forward, SoftmaxHeadDimsAndDtypes) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t d : {64, 128}) {
+      for (bool causal : {false, true}) {
+        CaseConfig cfg = softmax_fixed(dt, d, 2, 3, 3, 113, 200);
+        cfg.causal = causal;
+        check_forward(cfg);
+      }
+    }
+  }
+}
+
+TEST(Sm80Forward, SoftmaxOddLengths) {
+  for (int64_t s : {1, 113, 1023}) {
+    for (bool causal : {false, true}) {
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 128, 1, 2, 2, s, s);
+      cfg.causal = causal;
+      check_forward(cfg);
+    }
+  }
+}
+
+TEST(Sm80Forward, SoftmaxLong4224) {
+  for (bool causal : {false, true}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 1, 1, 1, 4224, 4224);
+    cfg.causal = causal;
+    check_forward(cfg);
+  }
+}
+
+// Causal is bottom-right aligned: with sq > sk the first sq - sk rows see no key (O = 0, LSE = -inf).
+TEST(Sm80Forward, SoftmaxCausalUnequalLengths) {
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{113, 1023}, {1023, 113}, {1, 300}, {300, 1}}) {
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 64, 2, 2, 1, sq, sk);
+    cfg.causal = true;
+    check_forward(cfg);
+  }
+}
+
+TEST(Sm80Forward, SoftmaxGqa) {
+  for (int64_t groups : {1, 2, 4, 8}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 128, 2, 8, 8 / groups, 257, 333);
+    cfg.causal = groups % 2 == 0;
+    check_forward(cfg);
+  }
+}
+
+TEST(Sm80Forward, SoftmaxWindowAndSoftcap) {
+  struct W {
+    int64_t left, right;
+    bool causal;
+  };
+  for (W w : {W{64, 32, false}, W{100, 0, true}, W{0, 0, false}, W{-1, 7, false}, W{300, -1, false}}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 2, 2, 2, 500, 700);
+    cfg.window_left = w.left;
+    cfg.window_right = w.causal ? 0 : w.right;
+    cfg.causal = w.causal;
+    check_forward(cfg);
+  }
+  for (bool causal : {false, true}) {
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 128, 1, 4, 2, 333, 333);
+    cfg.softcap = 5.0f;
+    cfg.softmax_scale = 0.3f;
+    cfg.causal = causal;
+    check_forward(cfg);
+  }
+}
+
+// Head dims below their bucket (zero-padded columns) and d != d_v.
+TEST(Sm80Forward, SoftmaxPartialHeadDims) {
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{48, 48}, {80, 80}, {112, 64}, {64, 128}, {8, 40}}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, d, 2, 2, 1, 129, 190);
+    cfg.head_dim_v = dv;
+    cfg.causal = d == 80;
+    check_forward(cfg);
+  }
+}
+
+// 64-bit offsets: batch 1 of every tensor starts past element 2^31 (a batch stride just above 2^31),
+// so any 32-bit index arithmetic in the kernel reads or writes the wrong place.
+TEST(Sm80Forward, SoftmaxOffsetsBeyond2To31) {
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 2, 2, 1, 100, 150);
+  cfg.causal = true;
+  SCOPED_TRACE(cfg.describe());
+  Case c = Case::make(cfg, test_seed());
+  Case ref = c.fp32_copy();
+  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
+  Case plain = c.fresh_copy();
+  plain_forward(plain);
+
+  const int64_t big_stride = (int64_t{1} << 31) + 1024;
+  ForwardArgs a = c.forward_args(Backend::kSm80);
+  a.problem.device = DeviceKind::kCuda;
+  std::vector<void*> buffers;
+  auto upload = [&](Tensor& t, HostTensor& h) {
+    const size_t esize = dtype_size(h.dtype);
+    const int64_t per_batch = h.numel() / h.shape[0];
+    void* d = nullptr;
+    const size_t bytes = static_cast<size_t>(big_stride * (h.shape[0] - 1) + per_batch) * esize;
+    if (cudaMalloc(&d, bytes) != cudaSuccess) return false;
+    buffers.push_back(d);
+    for (int64_t bi = 0; bi < h.shape[0]; ++bi) {
+      EXPECT_EQ(cudaMemcpy(static_cast<char*>(d) + bi * big_stride * esize,
+                           static_cast<const char*>(h.data()) + bi * per_batch * esize, per_batch * esize,
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    t.data = d;
+    t.stride[0] = big_stride;
+    return true;
+  };
+  bool ok = upload(a.problem.q, c.q) && upload(a.problem.k, c.k) && upload(a.problem.v, c.v) && upload(a.out, c.out);
+  void* d_lse = nullptr;
+  ok = ok && cudaMalloc(&d_lse, c.lse.bytes.size()) == cudaSuccess;
+  if (ok) {
+    ASSERT_EQ(cudaMemcpy(d_lse, c.lse.data(), c.lse.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    a.lse.data = d_lse;
+    const Status s = attention_forward(a);
+    EXPECT_TRUE(s.ok()) << s.message;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const size_t esize = dtype_size(c.out.dtype);
+    const int64_t per_batch = c.out.numel() / c.out.shape[0];
+    for (int64_t bi = 0; bi < c.out.shape[0]; ++bi) {
+      EXPECT_EQ(cudaMemcpy(static_cast<char*>(c.out.data()) + bi * per_batch * esize,
+                           static_cast<const char*>(a.out.data) + bi * big_stride * esize, per_batch * esize,
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    EXPECT_EQ(cudaMemcpy(c.lse.data(), d_lse, c.lse.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  for (void* p : buffers) cudaFree(p);
+  cudaFree(d_lse);
+  ASSERT_TRUE(ok) << "could not allocate the 4 x 4 GiB buffers of this test";
+  EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
+  EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
+}
+
+// The 8-warp tiles of the 256 bucket, softmax and HSTU.
+TEST(Sm80Forward, HeadDim256) {
+  for (bool causal : {false, true}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 256, 2, 2, 1, 200, 333);
+    cfg.causal = causal;
+    check_forward(cfg);
+  }
+  CaseConfig cfg;
+  cfg.dtype = DType::kFloat16;
+  cfg.head_dim = 256;
+  cfg.heads = 2;
+  cfg.heads_k = 2;
+  cfg.seqlens_q = {0, 129, 300};
+  cfg.causal = true;
+  check_forward(cfg);
+
+  CaseConfig hstu = hstu_varlen(DType::kBFloat16, 256, 2, {200, 57});
+  hstu.rab_heads = 2;
+  hstu.num_targets = {13, 5};
+  hstu.target_group_size = 3;
+  check_forward(hstu);
+}
+
+// ---- softmax, varlen ----
+
+TEST(Sm80Forward, SoftmaxVarlenWithEmptySequences) {
+  for (bool causal : {false, true}) {
+    for (int64_t d : {64, 128}) {
+      CaseConfig cfg;
+      cfg.dtype = DType::kBFloat16;
+      cfg.head_dim = d;
+      cfg.heads = 4;
+      cfg.heads_k = 2;
+      cfg.seqlens_q = {0, 113, 1, 500, 0, 257, 64};
+      cfg.seqlens_k = {5, 113, 0, 700, 0, 257, 1};
+      cfg.causal = causal;
+      check_forward(cfg);
+    }
+  }
+  CaseConfig cfg;
+  cfg.dtype = DType::kFloat16;
+  cfg.head_dim = 64;
+  cfg.heads = 2;
+  cfg.heads_k = 2;
+  cfg.seqlens_q = {1023, 0, 129};
+  cfg.window_left = 50;
+  cfg.window_right = 20;
+  check_forward(cfg);
+}
+
+// ---- HSTU (jagged layout) ----
+
+TEST(Sm80Forward, HstuCausalAndRab) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t d : {64, 128}) {
+      for (int64_t rab_heads : {0, 1, 3}) {
+        CaseConfig cfg = hstu_varlen(dt, d, 3, {113, 0, 200, 1, 64});
+        cfg.rab_heads = rab_heads;
+        check_forward(cfg);
+      }
+    }
+  }
+}
+
+TEST(Sm80Forward, HstuNoMaskAndWindow) {
+  // rab rows are max_seqlen_k long and must start on 16-byte boundaries (checked), hence max = 304.
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, 128, 2, {304, 17, 129});
+  cfg.causal = false;
+  cfg.rab_heads = 2;
+  check_forward(cfg);
+  cfg.window_left = 40;
+  cfg.window_right = 0;
+  check_forward(cfg);
+  cfg.window_left = 40;
+  cfg.window_right = 25;
+  check_forward(cfg);
+}
+
+TEST(Sm80Forward, HstuContextAndTargets) {
+  for (int64_t group : {1, 3, 8}) {
+    CaseConfig cfg = hstu_varlen(DType::kBFloat16, 128, 2, {301, 0, 257, 40, 1016});
+    cfg.num_contexts = {5, 0, 64, 3, 100};
+    cfg.num_targets = {20, 0, 17, 0, 70};
+    cfg.target_group_size = group;
+    cfg.rab_heads = group == 3 ? 2 : 1;
+    check_forward(cfg);
+  }
+  CaseConfig cfg = hstu_varlen(DType::kFloat16, 64, 2, {300, 129});
+  cfg.num_targets = {35, 128};
+  cfg.target_group_size = 4;
+  check_forward(cfg);
+  cfg.num_targets.clear();
+  cfg.target_group_size = 1;
+  cfg.num_contexts = {299, 1};
+  check_forward(cfg);
+}
+
+TEST(Sm80Forward, HstuLong4224) {
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, 64, 1, {4224, 1023});
+  cfg.rab_heads = 1;
+  cfg.num_targets = {30, 10};
+  cfg.target_group_size = 2;
+  check_forward(cfg);
+}
+
+}  // namespace
+}  // namespace cuteattn::test
