@@ -16,7 +16,6 @@
 #include "sm80/softmax_sm80.cuh"
 #include "sm80/utils_sm80.cuh"
 #include "variants/mask.h"
-#include "variants/score.h"
 #include "variants/sequence.h"
 
 namespace cuteattn::sm80 {
