@@ -11,89 +11,10 @@
 
 #include "common/test_util.h"
 #include "cuteattn/attention.h"
+#include "gpu/device_case.h"
 
 namespace cuteattn::test {
 namespace {
-
-// Device copies of every buffer of a Case; outputs keep their NaN poison.
-class DeviceCase {
- public:
-  explicit DeviceCase(Case& c) : c_(c) {
-    for (HostTensor* t : tensors()) {
-      void* p = nullptr;
-      if (!t->empty() && t->numel() > 0) {
-        EXPECT_EQ(cudaMalloc(&p, t->bytes.size()), cudaSuccess);
-        EXPECT_EQ(cudaMemcpy(p, t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      }
-      ptrs_.push_back(p);
-    }
-  }
-  ~DeviceCase() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  DeviceCase(const DeviceCase&) = delete;
-  DeviceCase& operator=(const DeviceCase&) = delete;
-
-  ForwardArgs forward_args() {
-    ForwardArgs a = c_.forward_args(Backend::kSm80);
-    to_device(a.problem);
-    a.out.data = dev(c_.out);
-    a.lse.data = dev(c_.lse);
-    return a;
-  }
-  BackwardArgs backward_args(bool deterministic) {
-    BackwardArgs a = c_.backward_args(Backend::kSm80);
-    to_device(a.problem);
-    if (a.out.defined()) a.out.data = dev(c_.out);
-    if (a.lse.defined()) a.lse.data = dev(c_.lse);
-    a.dout.data = dev(c_.dout);
-    a.dq.data = dev(c_.dq);
-    a.dk.data = dev(c_.dk);
-    a.dv.data = dev(c_.dv);
-    a.drab.data = dev(c_.drab);
-    a.deterministic = deterministic;
-    return a;
-  }
-  // Copies a device buffer back into its host tensor.
-  void download(HostTensor& t) {
-    if (t.empty() || t.numel() == 0) return;
-    ASSERT_EQ(cudaMemcpy(t.data(), dev(t), t.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  void poison_gradients() {
-    for (HostTensor* t : {&c_.dq, &c_.dk, &c_.dv, &c_.drab}) {
-      if (!t->empty() && t->numel() > 0) {
-        poison(*t);
-        EXPECT_EQ(cudaMemcpy(dev(*t), t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      }
-    }
-  }
-
- private:
-  std::vector<HostTensor*> tensors() {
-    return {&c_.q, &c_.k, &c_.v, &c_.rab, &c_.cu_seqlens_q, &c_.cu_seqlens_k, &c_.num_contexts, &c_.num_targets,
-            &c_.dout, &c_.out, &c_.lse, &c_.dq, &c_.dk, &c_.dv, &c_.drab};
-  }
-  void* dev(const HostTensor& t) {
-    const std::vector<HostTensor*> all = tensors();
-    for (size_t i = 0; i < all.size(); ++i)
-      if (all[i] == &t) return ptrs_[i];
-    return nullptr;
-  }
-  void to_device(Problem& p) {
-    p.device = DeviceKind::kCuda;
-    p.q.data = dev(c_.q);
-    p.k.data = dev(c_.k);
-    p.v.data = dev(c_.v);
-    p.cu_seqlens_q.data = dev(c_.cu_seqlens_q);
-    p.cu_seqlens_k.data = dev(c_.cu_seqlens_k);
-    p.rab.data = dev(c_.rab);
-    p.num_contexts.data = dev(c_.num_contexts);
-    p.num_targets.data = dev(c_.num_targets);
-  }
-
-  Case& c_;
-  std::vector<void*> ptrs_;
-};
 
 enum class ForwardOn { kCpu, kGpu };
 
@@ -110,7 +31,7 @@ void check_backward(const CaseConfig& cfg, bool deterministic = false, bool chec
   plain_backward(plain);
 
   if (fwd == ForwardOn::kCpu && cfg.score == ScoreFunction::kSoftmax) ASSERT_TRUE(run_forward(c, Backend::kCpu));
-  DeviceCase dc(c);
+  DeviceCase dc(c, Backend::kSm80, DeviceCase::Pass::kBackward);
   if (fwd == ForwardOn::kGpu && cfg.score == ScoreFunction::kSoftmax) {
     const Status s = attention_forward(dc.forward_args());
     ASSERT_TRUE(s.ok()) << s.message;
@@ -121,7 +42,7 @@ void check_backward(const CaseConfig& cfg, bool deterministic = false, bool chec
   const Status s = attention_backward(dc.backward_args(deterministic));
   ASSERT_TRUE(s.ok()) << s.message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (HostTensor* t : {&c.dq, &c.dk, &c.dv, &c.drab}) dc.download(*t);
+  dc.download_gradients();
 
   const bool hstu = cfg.score == ScoreFunction::kHstuSilu;
   const double factor = hstu ? kHstuFactor : kGradFactor;
@@ -137,7 +58,7 @@ void check_backward(const CaseConfig& cfg, bool deterministic = false, bool chec
       const Status s2 = attention_backward(dc.backward_args(deterministic));
       ASSERT_TRUE(s2.ok()) << s2.message;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      for (HostTensor* t : {&c.dq, &c.dk, &c.dv, &c.drab}) dc.download(*t);
+      dc.download_gradients();
       const std::vector<HostTensor> again = {c.dq, c.dk, c.dv, c.drab};
       const char* names[] = {"dq", "dk", "dv", "drab"};
       for (size_t i = 0; i < first.size(); ++i) {

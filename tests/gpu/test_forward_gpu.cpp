@@ -3,119 +3,48 @@
 // every output element written over a NaN poison. Covers fixed and varlen layouts (zero-length
 // sequences), odd lengths, GQA/MQA, causal, window, softcap, head dims below their bucket, d != d_v, and
 // every HSTU mask (causal, window, contextual, targets with group sizes) with and without rab.
-#include <cuda_runtime.h>
-
-#include <cmath>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/test_util.h"
 #include "cuteattn/attention.h"
+#include "gpu/device_case.h"
 
 namespace cuteattn::test {
 namespace {
 
-// Device copies of the forward buffers of a Case; outputs are uploaded with their NaN poison.
-class DeviceForward {
- public:
-  explicit DeviceForward(Case& c) : c_(c) {
-    for (HostTensor* t : tensors()) {
-      void* p = nullptr;
-      if (!t->empty() && t->numel() > 0) {
-        EXPECT_EQ(cudaMalloc(&p, t->bytes.size()), cudaSuccess);
-        EXPECT_EQ(cudaMemcpy(p, t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      }
-      ptrs_.push_back(p);
-    }
-  }
-  ~DeviceForward() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  DeviceForward(const DeviceForward&) = delete;
-  DeviceForward& operator=(const DeviceForward&) = delete;
+void check_forward(const CaseConfig& cfg) { check_forward_on_device(cfg, Backend::kSm80); }
 
-  ForwardArgs args() {
-    ForwardArgs a = c_.forward_args(Backend::kSm80);
-    Problem& p = a.problem;
-    p.device = DeviceKind::kCuda;
-    p.q.data = dev(c_.q);
-    p.k.data = dev(c_.k);
-    p.v.data = dev(c_.v);
-    p.cu_seqlens_q.data = dev(c_.cu_seqlens_q);
-    p.cu_seqlens_k.data = dev(c_.cu_seqlens_k);
-    p.rab.data = dev(c_.rab);
-    p.num_contexts.data = dev(c_.num_contexts);
-    p.num_targets.data = dev(c_.num_targets);
-    a.out.data = dev(c_.out);
-    if (a.lse.defined()) a.lse.data = dev(c_.lse);
-    return a;
-  }
-  void download() {
-    for (HostTensor* t : {&c_.out, &c_.lse}) {
-      if (t->empty() || t->numel() == 0) continue;
-      ASSERT_EQ(cudaMemcpy(t->data(), dev(*t), t->bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
-
- private:
-  std::vector<HostTensor*> tensors() {
-    return {&c_.q,          &c_.k,           &c_.v,   &c_.rab, &c_.cu_seqlens_q, &c_.cu_seqlens_k,
-            &c_.num_contexts, &c_.num_targets, &c_.out, &c_.lse};
-  }
-  void* dev(const HostTensor& t) {
-    const std::vector<HostTensor*> all = tensors();
-    for (size_t i = 0; i < all.size(); ++i)
-      if (all[i] == &t) return ptrs_[i];
-    return nullptr;
-  }
-
-  Case& c_;
-  std::vector<void*> ptrs_;
-};
-
-// Runs the sm80 forward on a fresh random case and checks out (and LSE) against the float64 oracle.
-void check_forward(const CaseConfig& cfg) {
-  SCOPED_TRACE(cfg.describe());
-  Case c = Case::make(cfg, test_seed());
-  Case ref = c.fp32_copy();
-  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
-  Case plain = c.fresh_copy();
-  plain_forward(plain);
-
-  {
-    DeviceForward dc(c);
-    const Status s = attention_forward(dc.args());
-    ASSERT_TRUE(s.ok()) << s.message;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dc.download();
-  }
-  EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
-  if (cfg.score == ScoreFunction::kSoftmax) {
-    EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
-  }
+CaseConfig base_config(ScoreFunction score, DType dtype, int64_t d, int64_t h, int64_t hk) {
+  CaseConfig cfg;
+  cfg.score = score;
+  cfg.dtype = dtype;
+  cfg.head_dim = d;
+  cfg.heads = h;
+  cfg.heads_k = hk;
+  return cfg;
 }
 
 CaseConfig softmax_fixed(DType dtype, int64_t d, int64_t b, int64_t h, int64_t hk, int64_t sq, int64_t sk) {
-  CaseConfig cfg;
-  cfg.score = ScoreFunction::kSoftmax;
-  cfg.dtype = dtype;
-  cfg.head_dim = d;
+  CaseConfig cfg = base_config(ScoreFunction::kSoftmax, dtype, d, h, hk);
   cfg.batch = b;
-  cfg.heads = h;
-  cfg.heads_k = hk;
   cfg.seqlen_q = sq;
   cfg.seqlen_k = sk;
   return cfg;
 }
 
+// lengths_k empty: the key lengths are the query lengths.
+CaseConfig softmax_varlen(DType dtype, int64_t d, int64_t h, int64_t hk, std::vector<int32_t> lengths_q,
+                          std::vector<int32_t> lengths_k = {}) {
+  CaseConfig cfg = base_config(ScoreFunction::kSoftmax, dtype, d, h, hk);
+  cfg.seqlens_q = std::move(lengths_q);
+  cfg.seqlens_k = std::move(lengths_k);
+  return cfg;
+}
+
 CaseConfig hstu_varlen(DType dtype, int64_t d, int64_t h, std::vector<int32_t> lengths) {
-  CaseConfig cfg;
-  cfg.score = ScoreFunction::kHstuSilu;
-  cfg.dtype = dtype;
-  cfg.head_dim = d;
-  cfg.heads = h;
-  cfg.heads_k = h;
+  CaseConfig cfg = base_config(ScoreFunction::kHstuSilu, dtype, d, h, h);
   cfg.seqlens_q = std::move(lengths);
   cfg.causal = true;
   cfg.alpha = 1.0f / static_cast<float>(d);
@@ -207,58 +136,7 @@ TEST(Sm80Forward, SoftmaxPartialHeadDims) {
 TEST(Sm80Forward, SoftmaxOffsetsBeyond2To31) {
   CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 2, 2, 1, 100, 150);
   cfg.causal = true;
-  SCOPED_TRACE(cfg.describe());
-  Case c = Case::make(cfg, test_seed());
-  Case ref = c.fp32_copy();
-  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
-  Case plain = c.fresh_copy();
-  plain_forward(plain);
-
-  const int64_t big_stride = (int64_t{1} << 31) + 1024;
-  ForwardArgs a = c.forward_args(Backend::kSm80);
-  a.problem.device = DeviceKind::kCuda;
-  std::vector<void*> buffers;
-  auto upload = [&](Tensor& t, HostTensor& h) {
-    const size_t esize = dtype_size(h.dtype);
-    const int64_t per_batch = h.numel() / h.shape[0];
-    void* d = nullptr;
-    const size_t bytes = static_cast<size_t>(big_stride * (h.shape[0] - 1) + per_batch) * esize;
-    if (cudaMalloc(&d, bytes) != cudaSuccess) return false;
-    buffers.push_back(d);
-    for (int64_t bi = 0; bi < h.shape[0]; ++bi) {
-      EXPECT_EQ(cudaMemcpy(static_cast<char*>(d) + bi * big_stride * esize,
-                           static_cast<const char*>(h.data()) + bi * per_batch * esize, per_batch * esize,
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
-    t.data = d;
-    t.stride[0] = big_stride;
-    return true;
-  };
-  bool ok = upload(a.problem.q, c.q) && upload(a.problem.k, c.k) && upload(a.problem.v, c.v) && upload(a.out, c.out);
-  void* d_lse = nullptr;
-  ok = ok && cudaMalloc(&d_lse, c.lse.bytes.size()) == cudaSuccess;
-  if (ok) {
-    ASSERT_EQ(cudaMemcpy(d_lse, c.lse.data(), c.lse.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    a.lse.data = d_lse;
-    const Status s = attention_forward(a);
-    EXPECT_TRUE(s.ok()) << s.message;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const size_t esize = dtype_size(c.out.dtype);
-    const int64_t per_batch = c.out.numel() / c.out.shape[0];
-    for (int64_t bi = 0; bi < c.out.shape[0]; ++bi) {
-      EXPECT_EQ(cudaMemcpy(static_cast<char*>(c.out.data()) + bi * per_batch * esize,
-                           static_cast<const char*>(a.out.data) + bi * big_stride * esize, per_batch * esize,
-                           cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
-    EXPECT_EQ(cudaMemcpy(c.lse.data(), d_lse, c.lse.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  for (void* p : buffers) cudaFree(p);
-  cudaFree(d_lse);
-  ASSERT_TRUE(ok) << "could not allocate the 4 x 4 GiB buffers of this test";
-  EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
-  EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
+  check_forward_on_device(cfg, Backend::kSm80, /*batch_stride=*/(int64_t{1} << 31) + 1024);
 }
 
 // The 8-warp tiles of the 256 bucket, softmax and HSTU.
@@ -268,12 +146,7 @@ TEST(Sm80Forward, HeadDim256) {
     cfg.causal = causal;
     check_forward(cfg);
   }
-  CaseConfig cfg;
-  cfg.dtype = DType::kFloat16;
-  cfg.head_dim = 256;
-  cfg.heads = 2;
-  cfg.heads_k = 2;
-  cfg.seqlens_q = {0, 129, 300};
+  CaseConfig cfg = softmax_varlen(DType::kFloat16, 256, 2, 2, {0, 129, 300});
   cfg.causal = true;
   check_forward(cfg);
 
@@ -289,23 +162,13 @@ TEST(Sm80Forward, HeadDim256) {
 TEST(Sm80Forward, SoftmaxVarlenWithEmptySequences) {
   for (bool causal : {false, true}) {
     for (int64_t d : {64, 128}) {
-      CaseConfig cfg;
-      cfg.dtype = DType::kBFloat16;
-      cfg.head_dim = d;
-      cfg.heads = 4;
-      cfg.heads_k = 2;
-      cfg.seqlens_q = {0, 113, 1, 500, 0, 257, 64};
-      cfg.seqlens_k = {5, 113, 0, 700, 0, 257, 1};
+      CaseConfig cfg =
+          softmax_varlen(DType::kBFloat16, d, 4, 2, {0, 113, 1, 500, 0, 257, 64}, {5, 113, 0, 700, 0, 257, 1});
       cfg.causal = causal;
       check_forward(cfg);
     }
   }
-  CaseConfig cfg;
-  cfg.dtype = DType::kFloat16;
-  cfg.head_dim = 64;
-  cfg.heads = 2;
-  cfg.heads_k = 2;
-  cfg.seqlens_q = {1023, 0, 129};
+  CaseConfig cfg = softmax_varlen(DType::kFloat16, 64, 2, 2, {1023, 0, 129});
   cfg.window_left = 50;
   cfg.window_right = 20;
   check_forward(cfg);

@@ -11,6 +11,7 @@
 
 #include "common/test_util.h"
 #include "cuteattn/attention.h"
+#include "gpu/device_case.h"
 
 namespace cuteattn::test {
 namespace {
@@ -22,76 +23,7 @@ bool is_hopper() {
   return major == 9;
 }
 
-// Device copies of the forward buffers of a Case; outputs keep their NaN poison.
-class DeviceForward {
- public:
-  explicit DeviceForward(Case& c) : c_(c) {
-    for (HostTensor* t : tensors()) {
-      void* p = nullptr;
-      if (!t->empty() && t->numel() > 0) {
-        EXPECT_EQ(cudaMalloc(&p, t->bytes.size()), cudaSuccess);
-        EXPECT_EQ(cudaMemcpy(p, t->data(), t->bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      }
-      ptrs_.push_back(p);
-    }
-  }
-  ~DeviceForward() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  DeviceForward(const DeviceForward&) = delete;
-  DeviceForward& operator=(const DeviceForward&) = delete;
-
-  ForwardArgs args() {
-    ForwardArgs a = c_.forward_args(Backend::kSm90);
-    a.problem.device = DeviceKind::kCuda;
-    a.problem.q.data = dev(c_.q);
-    a.problem.k.data = dev(c_.k);
-    a.problem.v.data = dev(c_.v);
-    a.problem.cu_seqlens_q.data = dev(c_.cu_seqlens_q);
-    a.problem.cu_seqlens_k.data = dev(c_.cu_seqlens_k);
-    a.out.data = dev(c_.out);
-    a.lse.data = dev(c_.lse);
-    return a;
-  }
-  void download() {
-    for (HostTensor* t : {&c_.out, &c_.lse}) {
-      if (t->empty() || t->numel() == 0) continue;
-      ASSERT_EQ(cudaMemcpy(t->data(), dev(*t), t->bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
-
- private:
-  std::vector<HostTensor*> tensors() {
-    return {&c_.q, &c_.k, &c_.v, &c_.cu_seqlens_q, &c_.cu_seqlens_k, &c_.out, &c_.lse};
-  }
-  void* dev(const HostTensor& t) {
-    const std::vector<HostTensor*> all = tensors();
-    for (size_t i = 0; i < all.size(); ++i)
-      if (all[i] == &t) return ptrs_[i];
-    return nullptr;
-  }
-
-  Case& c_;
-  std::vector<void*> ptrs_;
-};
-
-// Runs the sm90 forward on `cfg`, compares O and LSE with the float64 oracle.
-void check_forward(const CaseConfig& cfg) {
-  SCOPED_TRACE(cfg.describe());
-  Case c = Case::make(cfg, test_seed());
-  Case ref = c.fp32_copy();
-  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
-  Case plain = c.fresh_copy();
-  plain_forward(plain);
-
-  DeviceForward dc(c);
-  const Status s = attention_forward(dc.args());
-  ASSERT_TRUE(s.ok()) << s.message;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dc.download();
-  EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
-  EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
-}
+void check_forward(const CaseConfig& cfg) { check_forward_on_device(cfg, Backend::kSm90); }
 
 CaseConfig fixed(DType dt, int64_t b, int64_t h, int64_t hk, int64_t d, int64_t sq, int64_t sk) {
   CaseConfig cfg;
@@ -214,8 +146,8 @@ TEST_F(Sm90Forward, HeadDims) {
       CaseConfig cfg = fixed(d % 64 == 0 ? DType::kBFloat16 : DType::kFloat16, 2, 2, 1, d, 300, 300);
       cfg.causal = causal;
       Case probe = Case::make(cfg, 1);
-      DeviceForward dc(probe);
-      ForwardArgs args = dc.args();
+      DeviceCase dc(probe, Backend::kSm90, DeviceCase::Pass::kForward);
+      ForwardArgs args = dc.forward_args();
       Backend chosen = Backend::kAuto;
       args.problem.backend = Backend::kAuto;
       ASSERT_TRUE(resolve_backend(args, &chosen).ok());
