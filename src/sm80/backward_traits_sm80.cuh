@@ -48,7 +48,8 @@ struct BwdTraits {
   static constexpr int kAtomNdKV = kBlockN == 128 ? 4 : 2;
   static constexpr int kAtomMdQ = 4;
   // dQ = dS K runs over column chunks of kHeadDim / kDqChunks so its fp32 tile stays small next to dK/dV.
-  static constexpr int kDqChunks = kHeadDim >= 128 ? 2 : 1;
+  // d = 192 takes three chunks of 64: chunks of 96 columns do not tile the ldmatrix.trans copy of K^T (no build).
+  static constexpr int kDqChunks = kHeadDim == 192 ? 3 : kHeadDim >= 128 ? 2 : 1;
 
   using TiledMmaSdP = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kAtomMSdP>, Int<kNWarps / kAtomMSdP>, _1>>,
                                Tile<Int<16 * kAtomMSdP>, Int<16 * (kNWarps / kAtomMSdP)>, _16>>;
@@ -82,9 +83,8 @@ struct BwdTraits {
   static constexpr int kSizePdS = kBlockM * kBlockN;
   // Q and dO are double-buffered (the next query block loads during this one's math) when it fits the
   // 163 KB an A100 gives one CTA; d = 256 runs single-buffered.
-  // Softmax also stages LSE and D of each query block (fp32, kBlockM each) next to Q and dO.
   static constexpr int smem_bytes(int stages) {
-    return (2 * stages * kSizeQdO + 2 * kSizeKV + 2 * kSizePdS) * int(sizeof(Element)) + 2 * stages * kBlockM * 4;
+    return (2 * stages * kSizeQdO + 2 * kSizeKV + 2 * kSizePdS) * int(sizeof(Element));
   }
   static constexpr int kStages = smem_bytes(2) <= 161 * 1024 ? 2 : 1;
   static constexpr int kSmemBytes = smem_bytes(kStages);
