@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "cuteattn/attention.h"
 
 #if CUTEATTN_WITH_CUDA
@@ -573,7 +574,9 @@ Status check_forward(const ForwardArgs& args) {
   return check_device_data(p, dims);
 }
 
-Status check_backward(const BackwardArgs& args) {
+namespace detail {
+
+Status check_backward_arguments(const BackwardArgs& args, bool read_device_data) {
   const Problem& p = args.problem;
   Dims dims;
   Status s = check_problem(p, &dims);
@@ -618,7 +621,11 @@ Status check_backward(const BackwardArgs& args) {
     }
   }
 #endif
-  return check_device_data(p, dims);
+  return read_device_data ? check_device_data(p, dims) : Status::Ok();
 }
+
+}  // namespace detail
+
+Status check_backward(const BackwardArgs& args) { return detail::check_backward_arguments(args, true); }
 
 }  // namespace cuteattn

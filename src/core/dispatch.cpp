@@ -1,4 +1,5 @@
 // The public entry points: check the arguments, normalise them into Params, pick a backend, run it.
+#include "core/check.h"
 #include "core/gpu_dispatch.h"
 #include "core/params.h"
 #include "cpu/cpu_backend.h"
@@ -62,7 +63,8 @@ Status attention_backward(const BackwardArgs& args) {
 }
 
 size_t backward_workspace_bytes(const BackwardArgs& args) {
-  if (args.problem.device != DeviceKind::kCuda || !check_backward(args).ok()) return 0;
+  // The size depends on shapes only: the device-data checks (a host copy and a sync) run once, in the call itself.
+  if (args.problem.device != DeviceKind::kCuda || !detail::check_backward_arguments(args, false).ok()) return 0;
   const detail::Params params = detail::build_backward_params(args);
   Backend backend;
   if (!resolve(params, args.problem, true, &backend).ok()) return 0;
