@@ -33,17 +33,21 @@ class Impl:
 class Cuteattn(Impl):
     name = OURS
 
+    def __init__(self, backend: str = "auto"):
+        self.backend = backend  # "auto", or one kernel family forced ("sm80", "sm90")
+
     def make(self, inputs: Inputs) -> Callable:
         cell = inputs.cell
+        backend = self.backend
         if cell.kind == "fa":
-            return lambda q, k, v: cuteattn.flash_attn_func(q, k, v, causal=cell.causal)
+            return lambda q, k, v: cuteattn.flash_attn_func(q, k, v, causal=cell.causal, backend=backend)
         max_len = cell.seqlen  # rab is (b, 1, seqlen, seqlen); scaling_seqlen defaults to it, as Triton's N
 
         def hstu(q, k, v, rab=None):
             return cuteattn.hstu_attn_varlen_func(
                 q, k, v, inputs.cu_seqlens, inputs.cu_seqlens, max_len, max_len,
                 num_targets=inputs.num_targets, alpha=1.0 / cell.d, rab=rab, has_drab=rab is not None,
-                causal=cell.causal)  # fmt: skip
+                causal=cell.causal, backend=backend)  # fmt: skip
 
         return hstu
 
@@ -132,8 +136,8 @@ def load_triton_hstu(folder: str):
     raise SystemExit(f"--triton-hstu {folder}: no triton_hstu_mha found (generative_recommenders/ops/triton/)")
 
 
-def available(triton_hstu_folder: Optional[str], only: Optional[List[str]]) -> Dict[str, Impl]:
-    impls: List[Impl] = [Cuteattn()] + [Sdpa(b) for b in ("flash", "cudnn", "efficient", "math")]
+def available(triton_hstu_folder: Optional[str], only: Optional[List[str]], backend: str = "auto") -> Dict[str, Impl]:
+    impls: List[Impl] = [Cuteattn(backend)] + [Sdpa(b) for b in ("flash", "cudnn", "efficient", "math")]
     try:
         impls.append(FlashAttn(importlib.import_module("flash_attn")))
     except ImportError:

@@ -45,6 +45,8 @@ def parse_args(argv=None):
     cell.add_argument("--rab", action="store_true", help="hstu: relative attention bias with gradient")
     p.add_argument("--directions", default="fwd,bwd", help="fwd, bwd or fwd,bwd")
     p.add_argument("--peers", help="comma-separated subset of implementations (default: all available)")
+    p.add_argument("--backend", default="auto", choices=["auto", "sm80", "sm90"],
+                   help="cuteattn's kernel family (default: what dispatch picks)")
     p.add_argument("--triton-hstu", metavar="DIR", help="folder of a generative-recommenders checkout")
     p.add_argument("--no-check", action="store_true", help="skip the output checks")
     p.add_argument("--target-ms", type=float, default=300.0, help="timed milliseconds per measurement")
@@ -159,7 +161,7 @@ class Progress:
 
 def run_child(args):
     cell = Cell(**json.loads(args.child))
-    impls = available(args.triton_hstu, None)
+    impls = available(args.triton_hstu, None, args.backend)
     timer = Timer(torch.device("cuda"), args.target_ms)
     result = measure(impls[args.child_impl], Inputs(cell, torch.device("cuda")), args.directions.split(","), timer,
                      not args.no_check)  # fmt: skip
@@ -173,11 +175,12 @@ def main(argv=None):
     if args.child:
         return run_child(args)
     directions = args.directions.split(",")
-    impls = available(args.triton_hstu, args.peers.split(",") if args.peers else None)
+    impls = available(args.triton_hstu, args.peers.split(",") if args.peers else None, args.backend)
     cells = select_cells(args)
     device = torch.device("cuda")
     timer = Timer(device, args.target_ms)
     run = report.environment(args.commit, list(impls))
+    run["cuteattn_backend"] = args.backend
     progress = Progress(len(cells) * len(impls))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for cell in cells:
@@ -199,6 +202,8 @@ def main(argv=None):
         del inputs
         torch.cuda.empty_cache()
     tag = cells[0].key if args.kind else ("quick" if args.quick else "")
+    if args.backend != "auto":
+        tag = "-".join(t for t in (args.backend, tag) if t)
     paths = report.write_all(run, Path(args.out), tag=tag)
     print(report.summary(run))
     for p in paths:
