@@ -133,6 +133,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdQsdS = smem_thr_copy_dq_a.partition_S(sdS);  // (CPY, CPY_M, CPY_K)
   Tensor tdQcdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));  // (MMA, MMA_M, MMA_D)
 
+  // Column tests of the dQ atomics and the dK/dV stores, one bit per accumulator column pair, computed once: the
+  // compiler otherwise keeps every column index live across the loops (and spills them). The empty asm hides
+  // how the masks were built, so the tests are not folded back into per-column comparisons.
+  constexpr int kDqPairs = decltype(size(tdQcdQ))::value / 2;
+  constexpr int kKVPairs = decltype(size(tdKVcdKV))::value / 2;
+  static_assert(Traits::kDqChunks * kDqPairs <= 32 && kKVPairs <= 32, "column masks hold 32 pairs");
+  uint32_t dq_col_ok = 0, dk_col_ok = 0, dv_col_ok = 0;
+  CUTE_UNROLL
+  for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
+    CUTE_UNROLL
+    for (int e = 0; e < 2 * kDqPairs; e += 2) {
+      if (chunk * kDqCols + get<1>(tdQcdQ(e)) < d) dq_col_ok |= 1u << (chunk * kDqPairs + e / 2);
+    }
+  }
+  CUTE_UNROLL
+  for (int e = 0; e < 2 * kKVPairs; e += 2) {
+    if (get<1>(tdKVcdKV(e)) < d) dk_col_ok |= 1u << (e / 2);
+    if (get<1>(tdKVcdKV(e)) < dv) dv_col_ok |= 1u << (e / 2);
+  }
+  asm("" : "+r"(dq_col_ok), "+r"(dk_col_ok), "+r"(dv_col_ok));
+
   const SoftcapScore softmax_score{p.scale, p.softcap};
   const HstuScore hstu_score{p.alpha, p.inv_scaling_seqlen};
   const float scale_log2 = p.scale * kLog2e;
@@ -229,17 +250,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           uint32_t rab_pairs[kHstu ? kRows : 1][kHstu ? kCols / 2 : 1];
           if constexpr (kHstu) {
             const int64_t hr = p.rab_heads == 1 ? 0 : hq;
+            const int col0 = get<1>(tScS_rc(0, 0));  // rab and dRab addresses: col0 plus compile-time deltas
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
               const int i = m0 + get<0>(tScS_rc(mi, 0));
               const uint32_t* rab_row = p.rab != nullptr && i < sq
                   ? reinterpret_cast<const uint32_t*>(static_cast<const Element*>(p.rab) + bi * p.rab_batch_stride +
-                                                      hr * p.rab_head_stride + (i + mask.off) * p.rab_row_stride)
+                                                      hr * p.rab_head_stride + (i + mask.off) * p.rab_row_stride +
+                                                      n0 + col0)
                   : nullptr;
               CUTE_UNROLL
               for (int nj = 0; nj < kCols / 2; ++nj) {
-                const int j = n0 + get<1>(tScS_rc(mi, 2 * nj));
-                rab_pairs[mi][nj] = rab_row != nullptr && j < sk ? rab_row[j / 2] : 0u;
+                const int dj = get<1>(tScS_rc(mi, 2 * nj)) - col0;
+                rab_pairs[mi][nj] = rab_row != nullptr && n0 + col0 + dj < sk ? rab_row[dj / 2] : 0u;
               }
             }
           }
@@ -256,15 +279,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           const bool full_tile = mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
           Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));  // (ROW, COL)
           if constexpr (kHstu) {
-            Tensor acc_p = make_tensor<float>(acc_s.layout());                // (MMA, MMA_M, MMA_N)
-            Tensor p_rc = make_tensor(acc_p.data(), rowcol(acc_p.layout()));  // (ROW, COL)
+            // P is rounded to the input dtype as it is formed, so no second fp32 tile sits next to acc_s.
+            Tensor rP = make_tensor<Element>(acc_s.layout());           // (MMA, MMA_M, MMA_N)
+            Tensor p_rc = make_tensor(rP.data(), rowcol(rP.layout()));  // (ROW, COL)
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
                 const Element* pair = reinterpret_cast<const Element*>(&rab_pairs[mi][ni / 2]);
                 const float x = hstu_score.pre(s_rc(mi, ni), static_cast<float>(pair[ni % 2]));
-                p_rc(mi, ni) = hstu_score.prob(x);
+                p_rc(mi, ni) = static_cast<Element>(hstu_score.prob(x));
                 s_rc(mi, ni) = hstu_score.dprob(x);
               }
             }
@@ -274,11 +298,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 const int i = m0 + get<0>(tScS_rc(mi, 0));
                 CUTE_UNROLL
                 for (int ni = 0; ni < kCols; ++ni) {
-                  if (!mask.visible(i, n0 + get<1>(tScS_rc(mi, ni)))) p_rc(mi, ni) = s_rc(mi, ni) = 0.0f;
+                  if (!mask.visible(i, n0 + get<1>(tScS_rc(mi, ni)))) {
+                    p_rc(mi, ni) = static_cast<Element>(0.0f);
+                    s_rc(mi, ni) = 0.0f;
+                  }
                 }
               }
             }
-            Tensor rP = convert_fragment<Element>(acc_p);  // (MMA, MMA_M, MMA_N)
             copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rP), tPsP);
             Tensor rF = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
             copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rF), tdSsdS);
@@ -354,20 +380,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           if constexpr (kHstu) {
             if (p.drab != nullptr) {
               const int64_t hr = p.rab_heads == 1 ? 0 : hq;
+              const int col0 = get<1>(tScS_rc(0, 0));
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int i = m0 + get<0>(tScS_rc(mi, 0));
                 if (i >= sq) continue;
                 const int64_t r = i + mask.off;
+                Element* drab_row = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride +
+                                    hr * p.drab_head_stride + r * p.drab_row_stride + n0 + col0;
+                float* drab_accum_row =
+                    drab_direct ? nullptr : args.drab_accum + (bi * p.seqlen_k + r) * p.seqlen_k + n0 + col0;
                 CUTE_UNROLL
                 for (int ni = 0; ni < kCols; ++ni) {
-                  const int j = n0 + get<1>(tScS_rc(mi, ni));
-                  if (j >= sk) continue;
+                  const int dj = get<1>(tScS_rc(mi, ni)) - col0;
+                  if (n0 + col0 + dj >= sk) continue;
                   if (drab_direct) {
-                    static_cast<Element*>(p.drab)[bi * p.drab_batch_stride + hr * p.drab_head_stride +
-                                                  r * p.drab_row_stride + j] = static_cast<Element>(dp_rc(mi, ni));
+                    drab_row[dj] = static_cast<Element>(dp_rc(mi, ni));
                   } else {
-                    float* dst = args.drab_accum + (bi * p.seqlen_k + r) * p.seqlen_k + j;
+                    float* dst = drab_accum_row + dj;
                     if (deterministic) {
                       *dst += dp_rc(mi, ni);  // this CTA walks every head in order: no other writer
                     } else {
@@ -392,9 +422,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             load_q_do(m_next, 0);
           }
 
-          // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time
-          float* dq_block = args.dq_accum + split * args.dq_split_stride +
-                            (dq_row_base + m0) * dq_row_stride + hq * kHeadDim;
+          // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time. Addresses are this
+          // thread's first element plus compile-time row/column deltas, so no per-column pointer stays live.
+          const int dq_r0 = get<0>(tdQcdQ(0)), dq_c0 = get<1>(tdQcdQ(0));
+          float* dq_thr = args.dq_accum + split * args.dq_split_stride +
+                          (dq_row_base + m0 + dq_r0) * dq_row_stride + hq * kHeadDim + dq_c0;
           CUTE_UNROLL
           for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
             Tensor sKt_chunk = local_tile(sKt, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(chunk, 0));  // (kDqCols, kBlockN)
@@ -406,8 +438,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             CUTE_UNROLL
             for (int e = 0; e < size(acc_dq); e += 2) {
               const int r = get<0>(tdQcdQ(e)), c = chunk * kDqCols + get<1>(tdQcdQ(e));
-              if (m0 + r < sq && c < d) {
-                float* dst = dq_block + r * dq_row_stride + c;
+              if (m0 + r < sq && (dq_col_ok >> (chunk * kDqPairs + e / 2) & 1u)) {
+                float* dst = dq_thr + (r - dq_r0) * dq_row_stride + (c - dq_c0);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc_dq(e), acc_dq(e + 1)));
 #else
@@ -426,19 +458,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
       // dK (times the softmax scale) and dV in the input dtype; consecutive column pairs as one 32-bit store.
       const float dk_scale = kHstu ? 1.0f : p.scale;
-      Element* dk_block = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0, hk);
-      Element* dv_block = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0, hk);
+      // As for dQ: this thread's first element plus compile-time deltas.
+      const int kv_r0 = get<0>(tdKVcdKV(0)), kv_c0 = get<1>(tdKVcdKV(0));
+      Element* dk_thr = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0 + kv_r0, hk) + kv_c0;
+      Element* dv_thr = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0 + kv_r0, hk) + kv_c0;
       CUTE_UNROLL
       for (int e = 0; e < size(acc_dk); e += 2) {
         const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
         if (n0 + r >= sk) continue;
-        if (c < d) {
+        if (dk_col_ok >> (e / 2) & 1u) {
           Element pair[2] = {static_cast<Element>(acc_dk(e) * dk_scale), static_cast<Element>(acc_dk(e + 1) * dk_scale)};
-          *reinterpret_cast<uint32_t*>(dk_block + r * p.dk.row_stride + c) = *reinterpret_cast<uint32_t*>(pair);
+          *reinterpret_cast<uint32_t*>(dk_thr + (r - kv_r0) * p.dk.row_stride + (c - kv_c0)) = *reinterpret_cast<uint32_t*>(pair);
         }
-        if (c < dv) {
+        if (dv_col_ok >> (e / 2) & 1u) {
           Element pair[2] = {static_cast<Element>(acc_dv(e)), static_cast<Element>(acc_dv(e + 1))};
-          *reinterpret_cast<uint32_t*>(dv_block + r * p.dv.row_stride + c) = *reinterpret_cast<uint32_t*>(pair);
+          *reinterpret_cast<uint32_t*>(dv_thr + (r - kv_r0) * p.dv.row_stride + (c - kv_c0)) = *reinterpret_cast<uint32_t*>(pair);
         }
       }
     }
