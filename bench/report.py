@@ -122,7 +122,7 @@ def markdown(run: Dict) -> str:
     lines = [f"# cuteattn benchmark: {run['device']}, {run['date']}, commit {run['commit']}", ""]
     lines += [f"driver {run['driver']}, torch {run['torch']} (CUDA {run['cuda']}, cuDNN {run['cudnn']}), "
               f"triton {run['triton']}, flash_attn {run['flash_attn']}, cuteattn {run['cuteattn']} "
-              f"(archs {run['cuteattn_archs']})", "", f"FLOPs: {run['flops']}.", f"Timing: {run['timing']}.", ""]
+              f"(archs {run['cuteattn_archs']}, kernels: {run.get('cuteattn_backend', 'auto')})", "", f"FLOPs: {run['flops']}.", f"Timing: {run['timing']}.", ""]
     worst = sorted(((r, c["key"], peer, d) for c in run["cells"] for peer, dirs in c["ratios"].items()
                     for d, r in dirs.items()), key=lambda t: t[0])  # fmt: skip
     lines += ["## Ratios ours/peer, worst first", "", "| ratio | cell | direction | peer |", "|---|---|---|---|"]
