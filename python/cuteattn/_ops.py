@@ -47,6 +47,25 @@ def _problem(score: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqle
     )
 
 
+def _softmax_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, backend):  # fmt: skip
+    return _problem(
+        "softmax", q, k, v, cu_seqlens_q, cu_seqlens_k, backend,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left,
+        window_right=window_right, softmax_scale=softmax_scale, softcap=softcap,
+    )  # fmt: skip
+
+
+def _hstu_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scaling_seqlen, num_contexts,
+                  num_targets, target_group_size, window_left, window_right, alpha, rab, causal, backend):  # fmt: skip
+    return _problem(
+        "hstu", q, k, v, cu_seqlens_q, cu_seqlens_k, backend,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
+        num_contexts=num_contexts, num_targets=num_targets, target_group_size=target_group_size,
+        window_left=window_left, window_right=window_right, alpha=alpha, rab=_vector_aligned(rab), causal=causal,
+    )  # fmt: skip
+
+
 class _on_device:
     """Makes q's CUDA device current for the call when it is not: the library launches on the current device and
     torch exports CUDA tensors through DLPack only from their own device."""
@@ -123,11 +142,8 @@ def fwd(
     out = q.new_empty(_out_shape(q, v))
     lse = torch.empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32, device=q.device)
     with _on_device(q):
-        problem = _problem(
-            "softmax", q, k, v, cu_seqlens_q, cu_seqlens_k, backend,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left,
-            window_right=window_right, softmax_scale=softmax_scale, softcap=softcap,
-        )  # fmt: skip
+        problem = _softmax_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                   causal, window_left, window_right, softcap, backend)  # fmt: skip
         _C.forward(problem, _dl(out), _dl(lse))
     return out, lse
 
@@ -164,11 +180,8 @@ def bwd(
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = (out, lse, dout, dq, dk, dv, None)
     with _on_device(q):
-        problem = _problem(
-            "softmax", q, k, v, cu_seqlens_q, cu_seqlens_k, backend,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left,
-            window_right=window_right, softmax_scale=softmax_scale, softcap=softcap,
-        )  # fmt: skip
+        problem = _softmax_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                   causal, window_left, window_right, softcap, backend)  # fmt: skip
         _backward(problem, tensors, deterministic, q.device)
     return dq, dk, dv
 
@@ -224,13 +237,9 @@ def hstu_fwd(
     """HSTU attention forward; returns out. `has_drab` and `deterministic` are kept for the backward pass."""
     out = q.new_empty(_out_shape(q, v))
     with _on_device(q):
-        problem = _problem(
-            "hstu", q, k, v, cu_seqlens_q, cu_seqlens_k, backend,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
-            num_contexts=num_contexts, num_targets=num_targets, target_group_size=target_group_size,
-            window_left=window_left, window_right=window_right, alpha=alpha, rab=_vector_aligned(rab),
-            causal=causal,
-        )  # fmt: skip
+        problem = _hstu_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scaling_seqlen,
+                                num_contexts, num_targets, target_group_size, window_left, window_right, alpha,
+                                rab, causal, backend)  # fmt: skip
         _C.forward(problem, _dl(out), None)
     return out
 
@@ -270,13 +279,9 @@ def hstu_bwd(
     drab = _new_drab(rab) if want_drab else q.new_empty(0)
     tensors = (None, None, dout, dq, dk, dv, drab if want_drab else None)
     with _on_device(q):
-        problem = _problem(
-            "hstu", q, k, v, cu_seqlens_q, cu_seqlens_k, backend,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
-            num_contexts=num_contexts, num_targets=num_targets, target_group_size=target_group_size,
-            window_left=window_left, window_right=window_right, alpha=alpha, rab=_vector_aligned(rab),
-            causal=causal,
-        )  # fmt: skip
+        problem = _hstu_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scaling_seqlen,
+                                num_contexts, num_targets, target_group_size, window_left, window_right, alpha,
+                                rab, causal, backend)  # fmt: skip
         _backward(problem, tensors, deterministic, q.device)
     return dq, dk, dv, drab.contiguous()
 

@@ -91,6 +91,21 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
+             softcap, deterministic, return_lse, backend):  # fmt: skip
+    """The scalar checks and the call shared by both softmax entry points (their tensors are checked)."""
+    _check_real(softmax_scale, "softmax_scale", optional=True)
+    _check_real(softcap, "softcap")
+    _check_backend(backend)
+    left, right = _window(window_size, causal)
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    out, lse = _ops.fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale or 0.0),
+        bool(causal), left, right, float(softcap), bool(deterministic), backend,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
 def flash_attn_func(
     q: Tensor,
     k: Tensor,
@@ -112,16 +127,8 @@ def flash_attn_func(
     window_size -1 means unbounded on that side; softcap > 0 applies softcap * tanh(S / softcap).
     """
     _check_inputs(q, k, v, 4, ("(b, s_q, h, d)", "(b, s_k, h_k, d)", "(b, s_k, h_k, d_v)"))
-    _check_real(softmax_scale, "softmax_scale", optional=True)
-    _check_real(softcap, "softcap")
-    _check_backend(backend)
-    left, right = _window(window_size, causal)
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    out, lse = _ops.fwd(
-        q, k, v, None, None, 0, 0, float(softmax_scale or 0.0), bool(causal), left, right, float(softcap),
-        bool(deterministic), backend,
-    )  # fmt: skip
-    return (out, lse) if return_lse else out
+    return _softmax(q, k, v, None, None, 0, 0, softmax_scale, causal, window_size, softcap, deterministic,
+                    return_lse, backend)  # fmt: skip
 
 
 def flash_attn_varlen_func(
@@ -153,16 +160,8 @@ def flash_attn_varlen_func(
     _check_index_tensor(cu_seqlens_k, "cu_seqlens_k", q, optional=False)
     _check_int(max_seqlen_q, "max_seqlen_q")
     _check_int(max_seqlen_k, "max_seqlen_k")
-    _check_real(softmax_scale, "softmax_scale", optional=True)
-    _check_real(softcap, "softcap")
-    _check_backend(backend)
-    left, right = _window(window_size, causal)
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    out, lse = _ops.fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale or 0.0),
-        bool(causal), left, right, float(softcap), bool(deterministic), backend,
-    )  # fmt: skip
-    return (out, lse) if return_lse else out
+    return _softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_size, softcap, deterministic, return_lse, backend)  # fmt: skip
 
 
 def hstu_attn_varlen_func(
