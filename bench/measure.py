@@ -39,6 +39,12 @@ class Timer:
         return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+def matmul_ceiling(timer: Timer, dtype: torch.dtype, n: int = 8192) -> float:
+    """TFLOP/s of one n^3 torch.matmul (cuBLAS) on random data: the practical ceiling the plots relate to."""
+    a, b = (torch.randn(n, n, device=timer.flush.device, dtype=dtype) for _ in range(2))
+    return 2 * n**3 / timer.median_ms(lambda: a @ b) / 1e9
+
+
 def peak_mb(fn: Callable) -> float:
     """Memory one call allocates at its peak beyond what was allocated before it, in MiB."""
     torch.cuda.synchronize()

@@ -95,17 +95,24 @@ def _rows(run: Dict):
 
 def write_csv(run: Dict, path: Path):
     fields = ["kind", "dtype", "d", "seqlen", "batch", "heads", "causal", "targets", "rab", "impl", "direction",
-              "ms", "tflops", "peak_mb", "check", "ratio_ours_over_impl", "error"]  # fmt: skip
+              "ms", "tflops", "fraction_of_matmul", "peak_mb", "check", "ratio_ours_over_impl", "error"]  # fmt: skip
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for c, name, direction, m in _rows(run):
             row = {k: c["cell"][k] for k in fields[:9]}
             check = m.get("check")
+            ceiling = run.get("matmul_tflops", {}).get(c["cell"]["dtype"])
+            fraction = m["tflops"] / ceiling if ceiling and m.get("tflops") else None
             row.update(impl=name, direction=direction, ms=m.get("ms"), tflops=m.get("tflops"),
-                       peak_mb=m.get("peak_mb"), check=None if check is None else ("ok" if check["ok"] else "FAIL"),
+                       fraction_of_matmul=fraction, peak_mb=m.get("peak_mb"),
+                       check=None if check is None else ("ok" if check["ok"] else "FAIL"),
                        ratio_ours_over_impl=c["ratios"].get(name, {}).get(direction), error=m.get("error"))  # fmt: skip
             w.writerow(row)
+
+
+def _ceilings(run: Dict) -> str:
+    return ", ".join(f"{dt} {t:.0f}" for dt, t in run.get("matmul_tflops", {}).items()) or "not measured"
 
 
 def _fmt(x, spec=".1f"):
@@ -122,7 +129,8 @@ def markdown(run: Dict) -> str:
     lines = [f"# cuteattn benchmark: {run['device']}, {run['date']}, commit {run['commit']}", ""]
     lines += [f"driver {run['driver']}, torch {run['torch']} (CUDA {run['cuda']}, cuDNN {run['cudnn']}), "
               f"triton {run['triton']}, flash_attn {run['flash_attn']}, cuteattn {run['cuteattn']} "
-              f"(archs {run['cuteattn_archs']}, kernels: {run.get('cuteattn_backend', 'auto')})", "", f"FLOPs: {run['flops']}.", f"Timing: {run['timing']}.", ""]
+              f"(archs {run['cuteattn_archs']}, kernels: {run.get('cuteattn_backend', 'auto')})", "",
+              f"Matmul ceiling (cuBLAS 8192^3, same run), TFLOP/s: {_ceilings(run)}.", "", f"FLOPs: {run['flops']}.", f"Timing: {run['timing']}.", ""]
     worst = sorted(((r, c["key"], peer, d) for c in run["cells"] for peer, dirs in c["ratios"].items()
                     for d, r in dirs.items()), key=lambda t: t[0])  # fmt: skip
     lines += ["## Ratios ours/peer, worst first", "", "| ratio | cell | direction | peer |", "|---|---|---|---|"]
@@ -190,6 +198,11 @@ def plots(run: Dict, stem: Path) -> List[Path]:
                     if rs:
                         bottom.plot(*zip(*rs), marker="o", color=color, label=f"vs {name}")
                 top.set_title(f"d={d} {variant}")
+                ceiling = run.get("matmul_tflops", {}).get(dtype)
+                if ceiling:  # right axis: the same TFLOP/s as a fraction of the measured matmul ceiling
+                    frac = top.secondary_yaxis("right", functions=(lambda t, c=ceiling: t / c,
+                                                                   lambda f, c=ceiling: f * c))  # fmt: skip
+                    frac.set_ylabel("fraction of matmul")
                 top.set_xscale("log", base=2)
                 top.set_ylabel("TFLOP/s")
                 bottom.axhline(1.0, color="gray", linewidth=0.8)

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from cells import Cell, Inputs, fa_cell, fa_grid, flops, hstu_cell, hstu_grid  # noqa: E402
-from measure import Timer, check, peak_mb  # noqa: E402
+from cells import DTYPES, Cell, Inputs, fa_cell, fa_grid, flops, hstu_cell, hstu_grid  # noqa: E402
+from measure import Timer, check, matmul_ceiling, peak_mb  # noqa: E402
 from peers import OURS, Impl, available  # noqa: E402
 import report  # noqa: E402
 
@@ -181,6 +181,7 @@ def main(argv=None):
     timer = Timer(device, args.target_ms)
     run = report.environment(args.commit, list(impls))
     run["cuteattn_backend"] = args.backend
+    run["matmul_tflops"] = {dt: round(matmul_ceiling(timer, DTYPES[dt]), 1) for dt in sorted({c.dtype for c in cells})}
     progress = Progress(len(cells) * len(impls))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for cell in cells:
