@@ -94,9 +94,8 @@ HostTensor cast(const HostTensor& t, DType dtype) {
   return out;
 }
 
-void poison(HostTensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::numeric_limits<float>::quiet_NaN());
-}
+// All-ones bits are a NaN in fp16, bf16 and fp32 alike.
+void poison(HostTensor& t) { std::fill(t.bytes.begin(), t.bytes.end(), static_cast<unsigned char>(0xff)); }
 
 int64_t count_nan(const HostTensor& t) {
   int64_t n = 0;
@@ -158,9 +157,52 @@ std::string CaseConfig::describe() const {
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0.0f) s << " softcap" << softcap;
   if (rab_heads) s << " rab" << rab_heads << (drab ? "+drab" : "");
+  if (score == ScoreFunction::kHstuSilu) s << " alpha" << alpha;
   if (!num_contexts.empty()) s << " contexts";
   if (!num_targets.empty()) s << " targets(G=" << target_group_size << ")";
+  if (max_seqlen_q) s << " max_seqlen_q" << max_seqlen_q;
+  if (max_seqlen_k) s << " max_seqlen_k" << max_seqlen_k;
   return s.str();
+}
+
+CaseConfig softmax_fixed(DType dtype, int64_t batch, int64_t heads, int64_t heads_k, int64_t head_dim,
+                         int64_t seqlen_q, int64_t seqlen_k) {
+  CaseConfig c;
+  c.dtype = dtype;
+  c.batch = batch;
+  c.heads = heads;
+  c.heads_k = heads_k;
+  c.head_dim = head_dim;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  return c;
+}
+
+CaseConfig softmax_varlen(DType dtype, std::vector<int32_t> lengths_q, std::vector<int32_t> lengths_k, int64_t heads,
+                          int64_t heads_k, int64_t head_dim) {
+  CaseConfig c;
+  c.dtype = dtype;
+  c.batch = static_cast<int64_t>(lengths_q.size());
+  c.seqlens_q = std::move(lengths_q);
+  c.seqlens_k = std::move(lengths_k);
+  c.heads = heads;
+  c.heads_k = heads_k;
+  c.head_dim = head_dim;
+  return c;
+}
+
+CaseConfig hstu_varlen(DType dtype, std::vector<int32_t> lengths, int64_t heads, int64_t head_dim, bool causal,
+                       float alpha) {
+  CaseConfig c;
+  c.score = ScoreFunction::kHstuSilu;
+  c.dtype = dtype;
+  c.batch = static_cast<int64_t>(lengths.size());
+  c.seqlens_q = std::move(lengths);
+  c.heads = c.heads_k = heads;
+  c.head_dim = head_dim;
+  c.causal = causal;
+  c.alpha = alpha;
+  return c;
 }
 
 Case Case::make(const CaseConfig& cfg, uint64_t seed) {
@@ -179,6 +221,8 @@ Case Case::make(const CaseConfig& cfg, uint64_t seed) {
       c.max_seqlen_q = std::max<int64_t>(c.max_seqlen_q, lq[i]);
       c.max_seqlen_k = std::max<int64_t>(c.max_seqlen_k, lk[i]);
     }
+    c.max_seqlen_q = std::max(c.max_seqlen_q, cfg.max_seqlen_q);
+    c.max_seqlen_k = std::max(c.max_seqlen_k, cfg.max_seqlen_k);
     c.cu_seqlens_q = int_tensor(cu_q);
     c.cu_seqlens_k = int_tensor(cu_k);
     const int64_t tq = cu_q.back(), tk = cu_k.back();

@@ -4,6 +4,7 @@
 //  - Case / CaseConfig: one attention problem with random normal inputs and NaN-poisoned outputs, in the
 //    fixed or varlen layout, and the Problem/ForwardArgs/BackwardArgs that point at its host buffers.
 //    GPU tests copy the buffers to the device and swap the data pointers of the returned args.
+//  - softmax_fixed / softmax_varlen / hstu_varlen / with: the CaseConfig builders every suite uses.
 //  - plain_forward / plain_backward: the unfused low-precision computation (every intermediate rounded to
 //    the case dtype, as an unfused PyTorch bf16/fp16 evaluation does), the yardstick of the tolerance rule.
 //  - check_close: err(ours vs float64 reference) <= factor * err(plain vs reference) + atol, every element
@@ -92,10 +93,30 @@ struct CaseConfig {
   std::vector<int32_t> num_contexts, num_targets;
   int64_t target_group_size = 1;
   int num_threads = 0;
+  // Varlen: the max_seqlen arguments; 0 or anything below the longest sequence means the longest sequence.
+  // Larger values are legal (they only bound the lengths) and set the rab/dRab rows' length.
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 
   bool varlen() const { return !seqlens_q.empty(); }
   std::string describe() const;
 };
+
+// ---- CaseConfig builders shared by the CPU and GPU suites ----
+
+CaseConfig softmax_fixed(DType dtype, int64_t batch, int64_t heads, int64_t heads_k, int64_t head_dim,
+                         int64_t seqlen_q, int64_t seqlen_k);
+// lengths_k empty: the key lengths are the query lengths.
+CaseConfig softmax_varlen(DType dtype, std::vector<int32_t> lengths_q, std::vector<int32_t> lengths_k, int64_t heads,
+                          int64_t heads_k, int64_t head_dim);
+// Jagged layout, h_k = h, keys = queries.
+CaseConfig hstu_varlen(DType dtype, std::vector<int32_t> lengths, int64_t heads, int64_t head_dim, bool causal,
+                       float alpha);
+// `c` changed by `f`, for case lists: with(softmax_fixed(...), [](CaseConfig& c) { c.causal = true; }).
+template <typename F>
+CaseConfig with(CaseConfig c, F&& f) {
+  f(c);
+  return c;
+}
 
 struct Case {
   CaseConfig cfg;

@@ -14,89 +14,53 @@ namespace {
 
 constexpr DType kBf16 = DType::kBFloat16, kFp16 = DType::kFloat16, kFp32 = DType::kFloat32;
 
-CaseConfig softmax(DType dt, int64_t b, int64_t h, int64_t hk, int64_t sq, int64_t sk, int64_t d) {
-  CaseConfig c;
-  c.dtype = dt;
-  c.batch = b;
-  c.heads = h;
-  c.heads_k = hk;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.head_dim = d;
-  return c;
-}
-
-CaseConfig softmax_varlen(DType dt, std::vector<int32_t> lq, std::vector<int32_t> lk, int64_t h, int64_t hk,
-                          int64_t d) {
-  CaseConfig c;
-  c.dtype = dt;
-  c.seqlens_q = std::move(lq);
-  c.seqlens_k = std::move(lk);
-  c.heads = h;
-  c.heads_k = hk;
-  c.head_dim = d;
-  return c;
-}
-
+// The CPU suites scale HSTU scores by 1/sqrt(d).
 CaseConfig hstu(DType dt, std::vector<int32_t> lens, int64_t h, int64_t d) {
-  CaseConfig c;
-  c.score = ScoreFunction::kHstuSilu;
-  c.dtype = dt;
-  c.seqlens_q = std::move(lens);
-  c.heads = c.heads_k = h;
-  c.head_dim = d;
-  c.alpha = 1.0f / std::sqrt(static_cast<float>(d));
-  return c;
-}
-
-template <typename F>
-CaseConfig with(CaseConfig c, F&& f) {
-  f(c);
-  return c;
+  return hstu_varlen(dt, std::move(lens), h, d, /*causal=*/false, 1.0f / std::sqrt(static_cast<float>(d)));
 }
 
 std::vector<CaseConfig> cases() {
   std::vector<CaseConfig> v;
   // Softmax, fixed layout.
-  v.push_back(softmax(kBf16, 2, 4, 4, 128, 128, 64));
-  v.push_back(with(softmax(kFp16, 1, 4, 2, 113, 113, 64), [](CaseConfig& c) { c.causal = true; }));
-  v.push_back(with(softmax(kFp32, 2, 8, 1, 17, 33, 32), [](CaseConfig& c) { c.causal = true; }));
-  v.push_back(with(softmax(kBf16, 1, 4, 1, 1, 77, 64), [](CaseConfig& c) { c.causal = true; }));
-  v.push_back(with(softmax(kBf16, 1, 2, 2, 200, 150, 64), [](CaseConfig& c) {  // rows that see no key
+  v.push_back(softmax_fixed(kBf16, 2, 4, 4, 64, 128, 128));
+  v.push_back(with(softmax_fixed(kFp16, 1, 4, 2, 64, 113, 113), [](CaseConfig& c) { c.causal = true; }));
+  v.push_back(with(softmax_fixed(kFp32, 2, 8, 1, 32, 17, 33), [](CaseConfig& c) { c.causal = true; }));
+  v.push_back(with(softmax_fixed(kBf16, 1, 4, 1, 64, 1, 77), [](CaseConfig& c) { c.causal = true; }));
+  v.push_back(with(softmax_fixed(kBf16, 1, 2, 2, 64, 200, 150), [](CaseConfig& c) {  // rows that see no key
     c.causal = true;
     c.num_threads = 1;
   }));
-  v.push_back(with(softmax(kFp16, 2, 4, 2, 65, 90, 64), [](CaseConfig& c) {
+  v.push_back(with(softmax_fixed(kFp16, 2, 4, 2, 64, 65, 90), [](CaseConfig& c) {
     c.window_left = 8;
     c.window_right = 8;
   }));
-  v.push_back(with(softmax(kBf16, 1, 2, 2, 300, 300, 64), [](CaseConfig& c) {
+  v.push_back(with(softmax_fixed(kBf16, 1, 2, 2, 64, 300, 300), [](CaseConfig& c) {
     c.window_left = 32;
     c.window_right = 16;
   }));
-  v.push_back(with(softmax(kBf16, 1, 2, 1, 150, 140, 32), [](CaseConfig& c) { c.window_left = 50; }));
-  v.push_back(with(softmax(kFp32, 1, 2, 2, 97, 97, 64), [](CaseConfig& c) { c.window_right = 7; }));
-  v.push_back(with(softmax(kBf16, 1, 4, 1, 64, 64, 64), [](CaseConfig& c) {  // causal + left window
+  v.push_back(with(softmax_fixed(kBf16, 1, 2, 1, 32, 150, 140), [](CaseConfig& c) { c.window_left = 50; }));
+  v.push_back(with(softmax_fixed(kFp32, 1, 2, 2, 64, 97, 97), [](CaseConfig& c) { c.window_right = 7; }));
+  v.push_back(with(softmax_fixed(kBf16, 1, 4, 1, 64, 64, 64), [](CaseConfig& c) {  // causal + left window
     c.causal = true;
     c.window_left = 20;
   }));
-  v.push_back(with(softmax(kFp16, 1, 4, 2, 130, 130, 64), [](CaseConfig& c) {
+  v.push_back(with(softmax_fixed(kFp16, 1, 4, 2, 64, 130, 130), [](CaseConfig& c) {
     c.causal = true;
     c.softcap = 3.0f;
     c.softmax_scale = 0.5f;
   }));
-  v.push_back(with(softmax(kBf16, 2, 2, 2, 70, 70, 64), [](CaseConfig& c) {
+  v.push_back(with(softmax_fixed(kBf16, 2, 2, 2, 64, 70, 70), [](CaseConfig& c) {
     c.softcap = 5.0f;
     c.head_dim_v = 128;
   }));
-  v.push_back(with(softmax(kFp32, 1, 2, 1, 70, 81, 96), [](CaseConfig& c) {
+  v.push_back(with(softmax_fixed(kFp32, 1, 2, 1, 96, 70, 81), [](CaseConfig& c) {
     c.head_dim_v = 40;
     c.causal = true;
     c.num_threads = 1;
   }));
-  v.push_back(with(softmax(kBf16, 1, 2, 1, 66, 66, 256), [](CaseConfig& c) { c.causal = true; }));
-  v.push_back(with(softmax(kBf16, 1, 1, 1, 1023, 1023, 64), [](CaseConfig& c) { c.causal = true; }));
-  v.push_back(with(softmax(kFp32, 1, 8, 4, 33, 29, 16), [](CaseConfig& c) { c.head_dim_v = 8; }));
+  v.push_back(with(softmax_fixed(kBf16, 1, 2, 1, 256, 66, 66), [](CaseConfig& c) { c.causal = true; }));
+  v.push_back(with(softmax_fixed(kBf16, 1, 1, 1, 64, 1023, 1023), [](CaseConfig& c) { c.causal = true; }));
+  v.push_back(with(softmax_fixed(kFp32, 1, 8, 4, 16, 33, 29), [](CaseConfig& c) { c.head_dim_v = 8; }));
   // Softmax, varlen (zero-length sequences, q and k lengths that differ).
   v.push_back(with(softmax_varlen(kBf16, {0, 17, 113, 1, 64, 0}, {}, 4, 2, 64),
                    [](CaseConfig& c) { c.causal = true; }));

@@ -1,7 +1,9 @@
-// DeviceCase (upload, args, download of a test Case's buffers) and the shared GPU forward round trip.
+// DeviceCase (upload, args, download of a test Case's buffers) and the shared GPU forward and backward round
+// trips.
 #include "gpu/device_case.h"
 
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -124,13 +126,18 @@ void DeviceCase::download_gradients() {
   for (HostTensor* t : {&c_.dq, &c_.dk, &c_.dv, &c_.drab}) download(*t);
 }
 
+void DeviceCase::poison_device(const HostTensor& t) const {
+  const Buffer* b = find(t);
+  if (b == nullptr || b->ptr == nullptr) return;
+  EXPECT_EQ(cudaMemset(b->ptr, 0xff, device_bytes(t, b->batch_stride)), cudaSuccess);
+}
+
+void DeviceCase::poison_forward() {
+  for (const HostTensor* t : {&c_.out, &c_.lse}) poison_device(*t);
+}
+
 void DeviceCase::poison_gradients() {
-  for (HostTensor* t : {&c_.dq, &c_.dk, &c_.dv, &c_.drab}) {
-    if (!t->empty() && t->numel() > 0) {
-      poison(*t);
-      EXPECT_EQ(transfer(*t, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
+  for (const HostTensor* t : {&c_.dq, &c_.dk, &c_.dv, &c_.drab}) poison_device(*t);
 }
 
 void check_forward_on_device(const CaseConfig& cfg, Backend backend, int64_t batch_stride) {
@@ -151,6 +158,56 @@ void check_forward_on_device(const CaseConfig& cfg, Backend backend, int64_t bat
   EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
   if (cfg.score == ScoreFunction::kSoftmax) {
     EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
+  }
+}
+
+void check_backward_on_device(const CaseConfig& cfg, Backend backend, bool deterministic, int repeats,
+                              ForwardOn fwd) {
+  SCOPED_TRACE(cfg.describe() + (deterministic ? " deterministic" : ""));
+  Case c = Case::make(cfg, test_seed());
+  Case ref = c.fp32_copy();
+  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
+  ASSERT_TRUE(run_backward(ref, Backend::kCpuReference));
+  Case plain = c.fresh_copy();
+  plain_backward(plain);
+
+  const bool softmax = cfg.score == ScoreFunction::kSoftmax;
+  if (fwd == ForwardOn::kCpu && softmax) {
+    ASSERT_TRUE(run_forward(c, Backend::kCpu));
+  }
+  DeviceCase dc(c, backend, DeviceCase::Pass::kBackward);
+  if (fwd == ForwardOn::kGpu && softmax) {
+    const Status s = attention_forward(dc.forward_args());
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download_forward();
+  }
+  const Status s = attention_backward(dc.backward_args(deterministic));
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dc.download_gradients();
+
+  const double factor = softmax ? kGradFactor : kHstuFactor;
+  EXPECT_TRUE(check_close("dq", c.dq, plain.dq, ref.dq, factor));
+  EXPECT_TRUE(check_close("dk", c.dk, plain.dk, ref.dk, factor));
+  EXPECT_TRUE(check_close("dv", c.dv, plain.dv, ref.dv, factor));
+  if (cfg.drab) {
+    EXPECT_TRUE(check_close("drab", c.drab, plain.drab, ref.drab, kHstuFactor));
+  }
+
+  const HostTensor* grads[] = {&c.dq, &c.dk, &c.dv, &c.drab};
+  const char* names[] = {"dq", "dk", "dv", "drab"};
+  std::vector<std::vector<unsigned char>> first;
+  for (const HostTensor* g : grads) first.push_back(g->bytes);
+  for (int run = 1; run <= repeats; ++run) {
+    dc.poison_gradients();
+    const Status again = attention_backward(dc.backward_args(deterministic));
+    ASSERT_TRUE(again.ok()) << again.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download_gradients();
+    for (size_t i = 0; i < first.size(); ++i) {
+      ASSERT_TRUE(first[i] == grads[i]->bytes) << names[i] << " of run " << run << " differs from run 0";
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Device copies of a test Case for the GPU suites: uploads the buffers one pass reads and writes (outputs with
 // the NaN poison the Case carries, so unwritten elements show), builds ForwardArgs/BackwardArgs whose data
-// pointers are those copies, and copies outputs back into the Case. Also the forward round trip every GPU
-// forward suite runs: fresh random case, GPU forward, out (and LSE) against the float64 oracle.
+// pointers are those copies, and copies outputs back into the Case. Also the round trips the GPU suites run:
+// fresh random case, GPU forward (out and LSE) or backward (gradients, optionally repeated for determinism)
+// against the float64 oracle.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,7 +36,9 @@ class DeviceCase {
   void download(HostTensor& t);
   void download_forward();    // out, lse; stops at the first failed copy
   void download_gradients();  // dq, dk, dv, drab
-  // Poisons dq, dk, dv, drab on the host and uploads them again.
+  // Poisons the device copies of out and lse, respectively dq, dk, dv and drab (the host tensors keep their
+  // values until the next download).
+  void poison_forward();
   void poison_gradients();
 
  private:
@@ -48,6 +51,7 @@ class DeviceCase {
   // Copies `t` to or from its device buffer (an error when it has none).
   cudaError_t transfer(HostTensor& t, cudaMemcpyKind kind) const;
   void bind(Tensor& t, const HostTensor& h) const;  // data (and batch stride) of the device copy
+  void poison_device(const HostTensor& t) const;     // all bits set: NaN in every floating dtype
   void to_device(Problem& p) const;
 
   Case& c_;
@@ -58,5 +62,14 @@ class DeviceCase {
 // Runs the forward of `backend` on a fresh random case of `cfg` through a DeviceCase (with `batch_stride`) and
 // checks out, and LSE for softmax, against the float64 oracle under the forward factor.
 void check_forward_on_device(const CaseConfig& cfg, Backend backend, int64_t batch_stride = 0);
+
+// Where a softmax backward's O and LSE come from: the CPU tiled forward, or the GPU forward of the same backend.
+enum class ForwardOn { kCpu, kGpu };
+
+// Runs the backward of `backend` on a fresh random case of `cfg` and checks dQ, dK, dV (and dRab) against the
+// float64 oracle under the gradient factor; then runs it `repeats` more times (gradients poisoned before each
+// run) and demands the first run's bits every time.
+void check_backward_on_device(const CaseConfig& cfg, Backend backend, bool deterministic = false, int repeats = 0,
+                              ForwardOn fwd = ForwardOn::kCpu);
 
 }  // namespace cuteattn::test

@@ -1,8 +1,9 @@
 // GPU tests of the sm80 forward kernels (softmax with LSE, HSTU): output and LSE against the float64 CPU
 // oracle under the FlashAttention tolerance rule (2x the error of the plain low-precision computation),
 // every output element written over a NaN poison. Covers fixed and varlen layouts (zero-length
-// sequences), odd lengths, GQA/MQA, causal, window, softcap, head dims below their bucket, d != d_v, and
-// every HSTU mask (causal, window, contextual, targets with group sizes) with and without rab.
+// sequences), odd lengths, GQA/MQA, causal, window, softcap, every head-dim bucket, head dims below their
+// bucket, d != d_v, and every HSTU mask (causal, window, contextual, targets with group sizes) with and
+// without rab.
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,48 +17,13 @@ namespace {
 
 void check_forward(const CaseConfig& cfg) { check_forward_on_device(cfg, Backend::kSm80); }
 
-CaseConfig base_config(ScoreFunction score, DType dtype, int64_t d, int64_t h, int64_t hk) {
-  CaseConfig cfg;
-  cfg.score = score;
-  cfg.dtype = dtype;
-  cfg.head_dim = d;
-  cfg.heads = h;
-  cfg.heads_k = hk;
-  return cfg;
-}
-
-CaseConfig softmax_fixed(DType dtype, int64_t d, int64_t b, int64_t h, int64_t hk, int64_t sq, int64_t sk) {
-  CaseConfig cfg = base_config(ScoreFunction::kSoftmax, dtype, d, h, hk);
-  cfg.batch = b;
-  cfg.seqlen_q = sq;
-  cfg.seqlen_k = sk;
-  return cfg;
-}
-
-// lengths_k empty: the key lengths are the query lengths.
-CaseConfig softmax_varlen(DType dtype, int64_t d, int64_t h, int64_t hk, std::vector<int32_t> lengths_q,
-                          std::vector<int32_t> lengths_k = {}) {
-  CaseConfig cfg = base_config(ScoreFunction::kSoftmax, dtype, d, h, hk);
-  cfg.seqlens_q = std::move(lengths_q);
-  cfg.seqlens_k = std::move(lengths_k);
-  return cfg;
-}
-
-CaseConfig hstu_varlen(DType dtype, int64_t d, int64_t h, std::vector<int32_t> lengths) {
-  CaseConfig cfg = base_config(ScoreFunction::kHstuSilu, dtype, d, h, h);
-  cfg.seqlens_q = std::move(lengths);
-  cfg.causal = true;
-  cfg.alpha = 1.0f / static_cast<float>(d);
-  return cfg;
-}
-
 // ---- softmax, fixed layout ----
 
 TEST(Sm80Forward, SoftmaxHeadDimsAndDtypes) {
   for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
     for (int64_t d : {64, 128}) {
       for (bool causal : {false, true}) {
-        CaseConfig cfg = softmax_fixed(dt, d, 2, 3, 3, 113, 200);
+        CaseConfig cfg = softmax_fixed(dt, 2, 3, 3, d, 113, 200);
         cfg.causal = causal;
         check_forward(cfg);
       }
@@ -68,7 +34,7 @@ TEST(Sm80Forward, SoftmaxHeadDimsAndDtypes) {
 TEST(Sm80Forward, SoftmaxOddLengths) {
   for (int64_t s : {1, 113, 1023}) {
     for (bool causal : {false, true}) {
-      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 128, 1, 2, 2, s, s);
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 128, s, s);
       cfg.causal = causal;
       check_forward(cfg);
     }
@@ -77,7 +43,7 @@ TEST(Sm80Forward, SoftmaxOddLengths) {
 
 TEST(Sm80Forward, SoftmaxLong4224) {
   for (bool causal : {false, true}) {
-    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 1, 1, 1, 4224, 4224);
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 1, 1, 64, 4224, 4224);
     cfg.causal = causal;
     check_forward(cfg);
   }
@@ -86,7 +52,7 @@ TEST(Sm80Forward, SoftmaxLong4224) {
 // Causal is bottom-right aligned: with sq > sk the first sq - sk rows see no key (O = 0, LSE = -inf).
 TEST(Sm80Forward, SoftmaxCausalUnequalLengths) {
   for (auto [sq, sk] : {std::pair<int64_t, int64_t>{113, 1023}, {1023, 113}, {1, 300}, {300, 1}}) {
-    CaseConfig cfg = softmax_fixed(DType::kFloat16, 64, 2, 2, 1, sq, sk);
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 2, 2, 1, 64, sq, sk);
     cfg.causal = true;
     check_forward(cfg);
   }
@@ -94,7 +60,7 @@ TEST(Sm80Forward, SoftmaxCausalUnequalLengths) {
 
 TEST(Sm80Forward, SoftmaxGqa) {
   for (int64_t groups : {1, 2, 4, 8}) {
-    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 128, 2, 8, 8 / groups, 257, 333);
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 8, 8 / groups, 128, 257, 333);
     cfg.causal = groups % 2 == 0;
     check_forward(cfg);
   }
@@ -106,14 +72,14 @@ TEST(Sm80Forward, SoftmaxWindowAndSoftcap) {
     bool causal;
   };
   for (W w : {W{64, 32, false}, W{100, 0, true}, W{0, 0, false}, W{-1, 7, false}, W{300, -1, false}}) {
-    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 2, 2, 2, 500, 700);
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 2, 2, 64, 500, 700);
     cfg.window_left = w.left;
     cfg.window_right = w.causal ? 0 : w.right;
     cfg.causal = w.causal;
     check_forward(cfg);
   }
   for (bool causal : {false, true}) {
-    CaseConfig cfg = softmax_fixed(DType::kFloat16, 128, 1, 4, 2, 333, 333);
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 4, 2, 128, 333, 333);
     cfg.softcap = 5.0f;
     cfg.softmax_scale = 0.3f;
     cfg.causal = causal;
@@ -124,7 +90,7 @@ TEST(Sm80Forward, SoftmaxWindowAndSoftcap) {
 // Head dims below their bucket (zero-padded columns) and d != d_v.
 TEST(Sm80Forward, SoftmaxPartialHeadDims) {
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{48, 48}, {80, 80}, {112, 64}, {64, 128}, {8, 40}}) {
-    CaseConfig cfg = softmax_fixed(DType::kBFloat16, d, 2, 2, 1, 129, 190);
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 2, 1, d, 129, 190);
     cfg.head_dim_v = dv;
     cfg.causal = d == 80;
     check_forward(cfg);
@@ -134,7 +100,7 @@ TEST(Sm80Forward, SoftmaxPartialHeadDims) {
 // 64-bit offsets: batch 1 of every tensor starts past element 2^31 (a batch stride just above 2^31),
 // so any 32-bit index arithmetic in the kernel reads or writes the wrong place.
 TEST(Sm80Forward, SoftmaxOffsetsBeyond2To31) {
-  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 64, 2, 2, 1, 100, 150);
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 2, 1, 64, 100, 150);
   cfg.causal = true;
   check_forward_on_device(cfg, Backend::kSm80, /*batch_stride=*/(int64_t{1} << 31) + 1024);
 }
@@ -142,19 +108,42 @@ TEST(Sm80Forward, SoftmaxOffsetsBeyond2To31) {
 // The 8-warp tiles of the 256 bucket, softmax and HSTU.
 TEST(Sm80Forward, HeadDim256) {
   for (bool causal : {false, true}) {
-    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 256, 2, 2, 1, 200, 333);
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 2, 1, 256, 200, 333);
     cfg.causal = causal;
     check_forward(cfg);
   }
-  CaseConfig cfg = softmax_varlen(DType::kFloat16, 256, 2, 2, {0, 129, 300});
+  CaseConfig cfg = softmax_varlen(DType::kFloat16, {0, 129, 300}, {}, 2, 2, 256);
   cfg.causal = true;
   check_forward(cfg);
 
-  CaseConfig hstu = hstu_varlen(DType::kBFloat16, 256, 2, {200, 57});
+  CaseConfig hstu = hstu_varlen(DType::kBFloat16, {200, 57}, 2, 256, true, 1.0f / 256);
   hstu.rab_heads = 2;
   hstu.num_targets = {13, 5};
   hstu.target_group_size = 3;
   check_forward(hstu);
+}
+
+// The buckets the tests above do not reach (32, 96, 192, 256): both dtypes, causal and not, odd lengths, GQA
+// once, varlen once, HSTU once each.
+TEST(Sm80Forward, EveryOtherBucket) {
+  for (int64_t d : {32, 96, 192, 256}) {
+    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+      for (bool causal : {false, true}) {
+        const bool gqa = dt == DType::kFloat16 && causal;
+        CaseConfig cfg = softmax_fixed(dt, 2, gqa ? 4 : 2, gqa ? 1 : 2, d, 113, 177);
+        cfg.causal = causal;
+        check_forward(cfg);
+      }
+    }
+    CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 77, 1, 130}, {9, 77, 0, 200}, 2, 2, d);
+    cfg.causal = true;
+    check_forward(cfg);
+    CaseConfig hstu = hstu_varlen(DType::kFloat16, {152, 0, 61}, 2, d, true, 1.0f / d);  // 152: rab rows aligned
+    hstu.rab_heads = 1;
+    hstu.num_targets = {20, 0, 7};
+    hstu.target_group_size = 4;
+    check_forward(hstu);
+  }
 }
 
 // ---- softmax, varlen ----
@@ -163,12 +152,12 @@ TEST(Sm80Forward, SoftmaxVarlenWithEmptySequences) {
   for (bool causal : {false, true}) {
     for (int64_t d : {64, 128}) {
       CaseConfig cfg =
-          softmax_varlen(DType::kBFloat16, d, 4, 2, {0, 113, 1, 500, 0, 257, 64}, {5, 113, 0, 700, 0, 257, 1});
+          softmax_varlen(DType::kBFloat16, {0, 113, 1, 500, 0, 257, 64}, {5, 113, 0, 700, 0, 257, 1}, 4, 2, d);
       cfg.causal = causal;
       check_forward(cfg);
     }
   }
-  CaseConfig cfg = softmax_varlen(DType::kFloat16, 64, 2, 2, {1023, 0, 129});
+  CaseConfig cfg = softmax_varlen(DType::kFloat16, {1023, 0, 129}, {}, 2, 2, 64);
   cfg.window_left = 50;
   cfg.window_right = 20;
   check_forward(cfg);
@@ -180,7 +169,7 @@ TEST(Sm80Forward, HstuCausalAndRab) {
   for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
     for (int64_t d : {64, 128}) {
       for (int64_t rab_heads : {0, 1, 3}) {
-        CaseConfig cfg = hstu_varlen(dt, d, 3, {113, 0, 200, 1, 64});
+        CaseConfig cfg = hstu_varlen(dt, {113, 0, 200, 1, 64}, 3, d, true, 1.0f / d);
         cfg.rab_heads = rab_heads;
         check_forward(cfg);
       }
@@ -190,7 +179,7 @@ TEST(Sm80Forward, HstuCausalAndRab) {
 
 TEST(Sm80Forward, HstuNoMaskAndWindow) {
   // rab rows are max_seqlen_k long and must start on 16-byte boundaries (checked), hence max = 304.
-  CaseConfig cfg = hstu_varlen(DType::kBFloat16, 128, 2, {304, 17, 129});
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, {304, 17, 129}, 2, 128, true, 1.0f / 128);
   cfg.causal = false;
   cfg.rab_heads = 2;
   check_forward(cfg);
@@ -204,14 +193,14 @@ TEST(Sm80Forward, HstuNoMaskAndWindow) {
 
 TEST(Sm80Forward, HstuContextAndTargets) {
   for (int64_t group : {1, 3, 8}) {
-    CaseConfig cfg = hstu_varlen(DType::kBFloat16, 128, 2, {301, 0, 257, 40, 1016});
+    CaseConfig cfg = hstu_varlen(DType::kBFloat16, {301, 0, 257, 40, 1016}, 2, 128, true, 1.0f / 128);
     cfg.num_contexts = {5, 0, 64, 3, 100};
     cfg.num_targets = {20, 0, 17, 0, 70};
     cfg.target_group_size = group;
     cfg.rab_heads = group == 3 ? 2 : 1;
     check_forward(cfg);
   }
-  CaseConfig cfg = hstu_varlen(DType::kFloat16, 64, 2, {300, 129});
+  CaseConfig cfg = hstu_varlen(DType::kFloat16, {300, 129}, 2, 64, true, 1.0f / 64);
   cfg.num_targets = {35, 128};
   cfg.target_group_size = 4;
   check_forward(cfg);
@@ -222,7 +211,7 @@ TEST(Sm80Forward, HstuContextAndTargets) {
 }
 
 TEST(Sm80Forward, HstuLong4224) {
-  CaseConfig cfg = hstu_varlen(DType::kBFloat16, 64, 1, {4224, 1023});
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, {4224, 1023}, 1, 64, true, 1.0f / 64);
   cfg.rab_heads = 1;
   cfg.num_targets = {30, 10};
   cfg.target_group_size = 2;

@@ -1,0 +1,54 @@
+// Tiny GPU cases for scripts/gpu-sanitize (compute-sanitizer memcheck, racecheck, synccheck): one small forward
+// and one small backward of every kernel family and score function, each still checked against the float64
+// oracle. They stay tiny because the sanitizers run instrumented kernels; the other suites cover the features.
+// Sequences are jagged with an empty one and lengths that end inside a tile, so masked tails and partial tiles
+// are exercised.
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "cuteattn/attention.h"
+#include "gpu/device_case.h"
+
+namespace cuteattn::test {
+namespace {
+
+CaseConfig small_softmax(int64_t head_dim) {
+  CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 37, 70}, {5, 37, 131}, 2, 1, head_dim);
+  cfg.causal = true;
+  return cfg;
+}
+
+// max_seqlen_k 72 (16-byte rab rows) with sequences of at most 70 keys.
+CaseConfig small_hstu(int64_t head_dim) {
+  CaseConfig cfg = hstu_varlen(DType::kFloat16, {0, 45, 70}, 2, head_dim, /*causal=*/true, 0.1f);
+  cfg.max_seqlen_k = 72;
+  cfg.rab_heads = 1;
+  cfg.drab = true;
+  cfg.num_contexts = {0, 3, 5};
+  cfg.num_targets = {0, 4, 9};
+  cfg.target_group_size = 2;
+  return cfg;
+}
+
+TEST(Sanitize, Sm80ForwardSoftmax) { check_forward_on_device(small_softmax(64), Backend::kSm80); }
+
+TEST(Sanitize, Sm80ForwardHstu) { check_forward_on_device(small_hstu(64), Backend::kSm80); }
+
+TEST(Sanitize, Sm80BackwardSoftmax) { check_backward_on_device(small_softmax(64), Backend::kSm80); }
+
+TEST(Sanitize, Sm80BackwardHstu) { check_backward_on_device(small_hstu(64), Backend::kSm80); }
+
+TEST(Sanitize, Sm80BackwardDeterministic) {
+  check_backward_on_device(small_hstu(64), Backend::kSm80, /*deterministic=*/true);
+}
+
+TEST(Sanitize, Sm90ForwardSoftmax) { check_forward_on_device(small_softmax(128), Backend::kSm90); }
+
+TEST(Sanitize, Sm90ForwardHstu) {
+  CaseConfig cfg = small_hstu(128);
+  cfg.drab = false;
+  check_forward_on_device(cfg, Backend::kSm90);
+}
+
+}  // namespace
+}  // namespace cuteattn::test
