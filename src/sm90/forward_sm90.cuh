@@ -1,6 +1,8 @@
 // sm90 (Hopper) forward kernel, FlashAttention-3 class: the kernel (warp-specialised: one TMA producer warp,
 // two consumer warpgroups with setmaxnreg, persistent over tiles) and its host side: what it supports, the
-// TMA descriptors and the launch. Instantiated by tools/generate_instances.py for sm_90a only.
+// TMA descriptors and the launch. One kernel for both score functions: softmax (online softmax, LSE) and
+// HSTU (rab tile through TMA, SiLU, no normalisation), a compile-time branch on the traits' kHstu.
+// Instantiated by tools/generate_instances.py for sm_90a only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,6 +19,7 @@
 #include "core/params.h"
 #include "cuteattn/attention.h"
 #include "sm90/epilogue_sm90.cuh"
+#include "sm90/hstu_sm90.cuh"
 #include "sm90/kernel_traits_sm90.cuh"
 #include "sm90/mainloop_sm90.cuh"
 #include "sm90/named_barriers_sm90.cuh"
@@ -34,8 +37,10 @@ struct ForwardKernelParams {
   typename Traits::ShapeRows shape_k;  // (rows_k, d, h_k, b)
   detail::Params params;
   TileScheduler scheduler;
-  int* tile_counter;  // dynamic scheduling (masks whose cost varies per tile); null = static
+  int* tile_counter;  // dynamic scheduling (masks or jagged lengths make tile costs vary); null = static
   ScoreTransform score;
+  typename Traits::TmaRab tma_rab;       // HSTU with rab only
+  typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
 };
 
 template <class Traits>
@@ -59,6 +64,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    if (Traits::kHstu && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
     ss.barrier_q.init(1);
   }
   typename PipelineKV::Params pipeline_params;
@@ -68,6 +74,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   pipeline_params.num_consumers = kNumMmaThreads;
   PipelineKV pipeline_k(ss.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   PipelineKV pipeline_v(ss.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  pipeline_params.transaction_bytes = Traits::kTmaBytesRab;
+  PipelineKV pipeline_rab(ss.pipeline_rab, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();
 
   if (warp_group == 0) {
@@ -75,6 +83,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (warp_idx != 0) return;
     PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
     PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
+    PipelineState write_rab = cutlass::make_producer_start_state<PipelineKV>();
     const TileHandoff<kNumMmaThreads> handoff{kp.tile_counter, &ss.next_tile};
     bool first = true;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
@@ -84,7 +93,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // Q's buffer holds the previous tile's Q until both consumer warpgroups finished their last Q K^T.
         if (!first) barrier_sync(kNumMmaThreads + 32, FwdBarrier::kQueryEmpty);
         first = false;
-        Mainloop::load(kp, ss, pipeline_k, pipeline_v, write_k, write_v, w);
+        Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, write_k, write_v, write_rab, w);
       }
       tile = handoff.producer_publish(claimed);
     }
@@ -93,7 +102,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int tid = int(threadIdx.x) - 128;
     const MmaScheduler<kNumMmaThreads> sched{tid / 128};
     sched.init();
-    PipelineState read_k, read_v;
+    PipelineState read_k, read_v, read_rab;
     int q_phase = 0;
     const TileHandoff<kNumMmaThreads> handoff{kp.tile_counter, &ss.next_tile};
     handoff.consumer_init();
@@ -108,11 +117,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       q_phase ^= 1;
       typename Traits::TiledMmaPV tiled_mma_pv;
       cute::Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));  // (MMA, MMA_M, MMA_N)
-      OnlineSoftmax<2> softmax(kp.score.scale_log2);
-      Mainloop::mma(kp, ss, pipeline_k, pipeline_v, read_k, read_v, w, tid, sched, tOrO, softmax);
-      float inv_sum[2], lse[2];
-      softmax.finalize(inv_sum, lse);
-      Epilogue::store(kp.params, w, tid, tOrO, inv_sum, lse);
+      if constexpr (Traits::kHstu) {
+        HstuPointwise hstu(kp.params);
+        Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, tid, sched, tOrO,
+                      hstu);
+        Epilogue::store(kp.params, w, tid, tOrO);
+      } else {
+        OnlineSoftmax<2> softmax(kp.score.scale_log2);
+        Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, tid, sched, tOrO,
+                      softmax);
+        float inv_sum[2], lse[2];
+        softmax.finalize(inv_sum, lse);
+        Epilogue::store(kp.params, w, tid, tOrO, inv_sum, lse);
+      }
     }
   }
 #else
@@ -126,120 +143,147 @@ namespace cuteattn::detail {
 
 template <ScoreFunction kScore, DType kDType, int kHeadDim>
 struct Sm90Forward {
-  using Traits = sm90::ForwardTraitsSm90<kDType, kHeadDim>;
+  static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
+  using Traits = sm90::ForwardTraitsSm90<kDType, kHeadDim, kHstu>;
   using Element = typename Traits::Element;
   using KernelParams = sm90::ForwardKernelParams<Traits>;
 
   static Status supports(const Params& p) {
-    if constexpr (kScore != ScoreFunction::kSoftmax) {
-      return Status::NotSupported("sm90 forward: only the softmax score function has an sm90 kernel");
+    static_assert(kScore == ScoreFunction::kSoftmax || kScore == ScoreFunction::kHstuSilu);
+    const std::string who = std::string("sm90 forward (") + (kHstu ? "hstu" : "softmax") + ", head dim " +
+                            std::to_string(kHeadDim) + "): ";
+    if (p.score != kScore) return Status::NotSupported(who + "score function mismatch");
+    if (p.dtype != kDType) return Status::NotSupported(who + "dtype mismatch");
+    if (p.head_dim != p.head_dim_v)
+      return Status::NotSupported(who + "needs d == d_v (the sm80 kernel serves d != d_v)");
+    if (p.head_dim > kHeadDim || p.head_dim % 8 != 0)
+      return Status::NotSupported(who + "needs d <= bucket and d % 8 == 0");
+    if (kHstu) {
+      if (p.heads_k != p.heads) return Status::NotSupported(who + "HSTU needs h_k == h");
+      if (p.rab != nullptr) {
+        // TMA of the rab tiles: 16-byte aligned base and strides, and 32-bit coordinates.
+        constexpr int64_t kVec = 16 / sizeof(Element);
+        if (p.rab_heads != 1 && p.rab_heads != p.heads) return Status::NotSupported(who + "rab heads must be 1 or h");
+        if (reinterpret_cast<uintptr_t>(p.rab) % 16 != 0 || p.rab_row_stride % kVec != 0 ||
+            p.rab_head_stride % kVec != 0 || p.rab_batch_stride % kVec != 0)
+          return Status::NotSupported(who + "needs a 16-byte aligned rab with 16-byte multiple strides");
+        if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31))
+          return Status::NotSupported(who + "rab beyond 32-bit TMA coordinates");
+      }
     } else {
-      const std::string who = "sm90 forward (head dim " + std::to_string(kHeadDim) + "): ";
-      if (p.dtype != kDType) return Status::NotSupported(who + "dtype mismatch");
-      if (p.head_dim != p.head_dim_v) return Status::NotSupported(who + "needs d == d_v");
-      if (p.head_dim > kHeadDim || p.head_dim % 8 != 0)
-        return Status::NotSupported(who + "needs d <= bucket and d % 8 == 0");
       if (!(p.scale > 0.0f)) return Status::NotSupported(who + "needs softmax_scale > 0");
       if (p.num_contexts != nullptr || p.num_targets != nullptr)
         return Status::NotSupported(who + "contextual/target masks are HSTU only");
-      const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-      const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
-      const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-      if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31) || p.heads >= (int64_t(1) << 31) ||
-          m_blocks * p.heads * p.batch >= (int64_t(1) << 31))
-        return Status::NotSupported(who + "sizes beyond 32-bit TMA coordinates / tile counts");
-      // TMA: 16-byte aligned base and 16-byte multiple strides (the epilogue's 16-byte stores need the same).
-      auto aligned = [](const RowMajorView& t) {
-        constexpr int64_t kVec = 16 / sizeof(Element);
-        return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % kVec == 0 &&
-               t.head_stride % kVec == 0 && t.batch_stride % kVec == 0;
-      };
-      if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.o))
-        return Status::NotSupported(who + "needs 16-byte aligned pointers and strides");
-      return Status::Ok();
     }
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31) || p.heads >= (int64_t(1) << 31) ||
+        m_blocks * p.heads * p.batch >= (int64_t(1) << 31))
+      return Status::NotSupported(who + "sizes beyond 32-bit TMA coordinates / tile counts");
+    // TMA: 16-byte aligned base and 16-byte multiple strides (the epilogue's 16-byte stores need the same).
+    auto aligned = [](const RowMajorView& t) {
+      constexpr int64_t kVec = 16 / sizeof(Element);
+      return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % kVec == 0 &&
+             t.head_stride % kVec == 0 && t.batch_stride % kVec == 0;
+    };
+    if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.o))
+      return Status::NotSupported(who + "needs 16-byte aligned pointers and strides");
+    return Status::Ok();
   }
 
-  // Masks whose work varies per tile schedule tiles dynamically (tile_scheduler_sm90.cuh) from a counter.
-  static bool dynamic_schedule(const Params& p) { return p.window_right >= 0 || p.window_left >= 0; }
+  // Masks and jagged lengths make the work vary per tile: tiles are then scheduled dynamically
+  // (tile_scheduler_sm90.cuh) from a counter.
+  static bool dynamic_schedule(const Params& p) { return p.window_right >= 0 || p.window_left >= 0 || p.varlen; }
   static size_t workspace_bytes(const Params& p) { return dynamic_schedule(p) ? 16 : 0; }
 
   static Status launch(const Params& p, void* workspace) {
-    if constexpr (kScore != ScoreFunction::kSoftmax) {
-      return supports(p);
-    } else {
-      using namespace cute;
-      Status s = supports(p);
-      if (!s.ok()) return s;
-      const int rows_q = int(p.varlen ? p.total_q : p.seqlen_q);
-      const int rows_k = int(p.varlen ? p.total_k : p.seqlen_k);
-      const int batches = p.varlen ? 1 : int(p.batch);
-      // A stride of an extent-1 mode is never used; TMA still wants it 16-byte aligned.
-      auto stride_of = [](int64_t extent, int64_t stride, int64_t fallback) {
-        return extent == 1 ? fallback : stride;
-      };
-      auto make_view = [&](const RowMajorView& t, int rows, int64_t heads) {
-        const int64_t big = int64_t(rows) * t.row_stride;
-        return cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(t.ptr)),
-                           make_shape(rows, int(p.head_dim), int(heads), batches),
-                           make_stride(t.row_stride, _1{}, stride_of(heads, t.head_stride, big),
-                                       stride_of(batches, t.batch_stride, big)));
-      };
-      KernelParams kp{
-          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads), typename Traits::SmemLayoutQ{},
-                        Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{}),
-          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k),
-                        take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
-                        _1{}),
-          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k),
-                        take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
-                        _1{}),
-          make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
-          make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
-          p,
-          {},
-          nullptr,
-          {}};
+    using namespace cute;
+    Status s = supports(p);
+    if (!s.ok()) return s;
+    const int rows_q = int(p.varlen ? p.total_q : p.seqlen_q);
+    const int rows_k = int(p.varlen ? p.total_k : p.seqlen_k);
+    const int batches = p.varlen ? 1 : int(p.batch);
+    // A stride of an extent-1 mode is never used; TMA still wants it 16-byte aligned.
+    auto stride_of = [](int64_t extent, int64_t stride, int64_t fallback) {
+      return extent == 1 ? fallback : stride;
+    };
+    auto make_view = [&](const RowMajorView& t, int rows, int64_t heads) {
+      const int64_t big = int64_t(rows) * t.row_stride;
+      return cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(t.ptr)),
+                         make_shape(rows, int(p.head_dim), int(heads), batches),
+                         make_stride(t.row_stride, _1{}, stride_of(heads, t.head_stride, big),
+                                     stride_of(batches, t.batch_stride, big)));
+    };
+    KernelParams kp{
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads), typename Traits::SmemLayoutQ{},
+                      Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k),
+                      take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+                      _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k),
+                      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+                      _1{}),
+        make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
+        make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
+        p,
+        {},
+        nullptr,
+        {},
+        {},
+        {}};
 
-      int device = 0, num_sms = 0, l2_bytes = 0;
-      cudaGetDevice(&device);
-      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-      cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+    int device = 0, num_sms = 0, l2_bytes = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
 
-      sm90::TileScheduler& sch = kp.scheduler;
-      sch.num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
-      sch.heads = int(p.heads);
-      sch.num_bh = int(p.heads * p.batch);
-      sch.num_tiles = sch.num_m_blocks * sch.num_bh;
-      sch.longest_first = p.window_right >= 0;
-      const int64_t kv_bytes_per_head =
-          std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / p.heads);
-      sch.section = int(std::min<int64_t>(std::max<int64_t>(1, l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
-      if (sch.num_tiles == 0) return Status::Ok();
-      auto stream = static_cast<cudaStream_t>(p.stream);
-      if (dynamic_schedule(p) && workspace != nullptr) {
-        kp.tile_counter = static_cast<int*>(workspace);
-        const cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
-        if (err != cudaSuccess)
-          return {StatusCode::kCudaError, std::string("sm90 forward: cudaMemsetAsync: ") + cudaGetErrorString(err)};
-      }
-
-      kp.score.softcap = p.softcap;
-      kp.score.scale_over_cap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
-      kp.score.scale_log2 = (p.softcap > 0.0f ? 1.0f : p.scale) * float(M_LOG2E);
-
-      auto kernel = sm90::forward_kernel_sm90<Traits>;
-      constexpr int kSmem = Traits::kSmemBytes;
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    sm90::TileScheduler& sch = kp.scheduler;
+    sch.num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+    sch.heads = int(p.heads);
+    sch.num_bh = int(p.heads * p.batch);
+    sch.num_tiles = sch.num_m_blocks * sch.num_bh;
+    sch.longest_first = p.window_right >= 0;
+    const int64_t kv_bytes_per_head =
+        std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / p.heads);
+    sch.section = int(std::min<int64_t>(std::max<int64_t>(1, l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
+    if (sch.num_tiles == 0) return Status::Ok();
+    auto stream = static_cast<cudaStream_t>(p.stream);
+    if (dynamic_schedule(p) && workspace != nullptr) {
+      kp.tile_counter = static_cast<int*>(workspace);
+      const cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
       if (err != cudaSuccess)
-        return {StatusCode::kCudaError, std::string("sm90 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
-      const int grid = std::min(sch.num_tiles, std::max(num_sms, 1));
-      kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(kp);
-      err = cudaGetLastError();
-      if (err != cudaSuccess)
-        return {StatusCode::kCudaError, std::string("sm90 forward: launch: ") + cudaGetErrorString(err)};
-      return Status::Ok();
+        return {StatusCode::kCudaError, std::string("sm90 forward: cudaMemsetAsync: ") + cudaGetErrorString(err)};
     }
+
+    if constexpr (kHstu) {
+      if (p.rab != nullptr) {
+        const int max_sk = int(p.seqlen_k);
+        const int64_t big = int64_t(max_sk) * p.rab_row_stride;
+        auto rab = cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(p.rab)),
+                                     make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
+                                     make_stride(p.rab_row_stride, _1{}, stride_of(p.rab_heads, p.rab_head_stride, big),
+                                                 stride_of(p.batch, p.rab_batch_stride, big)));
+        kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename Traits::SmemLayoutRab{}),
+                                   Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+        kp.shape_rab = rab.shape();
+      }
+    }
+    kp.score.softcap = p.softcap;
+    kp.score.scale_over_cap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
+    kp.score.scale_log2 = (p.softcap > 0.0f ? 1.0f : p.scale) * float(M_LOG2E);
+
+    auto kernel = sm90::forward_kernel_sm90<Traits>;
+    constexpr int kSmem = Traits::kSmemBytes;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess)
+      return {StatusCode::kCudaError, std::string("sm90 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
+    const int grid = std::min(sch.num_tiles, std::max(num_sms, 1));
+    kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(kp);
+    err = cudaGetLastError();
+    if (err != cudaSuccess)
+      return {StatusCode::kCudaError, std::string("sm90 forward: launch: ") + cudaGetErrorString(err)};
+    return Status::Ok();
   }
 };
 

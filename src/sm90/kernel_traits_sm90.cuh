@@ -1,6 +1,6 @@
-// Compile-time shape of the sm90 forward kernel for one (element type, head dim): tile sizes, thread roles,
-// shared-memory layouts, TMA copy types and the two warpgroup MMAs (S = Q K^T from shared memory,
-// O += P V with P from registers).
+// Compile-time shape of the sm90 forward kernel for one (element type, head dim, score function): tile sizes,
+// thread roles, shared-memory layouts, TMA copy types and the two warpgroup MMAs (S = Q K^T from shared memory,
+// O += P V with P from registers). HSTU adds a ring of rab tiles (kBlockM x kBlockN) next to the K/V ring.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -30,7 +30,18 @@ struct ForwardTileConfig {
 //   d 128: 32 KB + 2 x 64 KB (FA3 uses 2 too) S 64, O  64
 //   d 192: 48 KB + 2 x 72 KB, kBlockN 96      S 48, O  96
 //   d 256: 64 KB + 2 x 64 KB, kBlockN 64      S 32, O 128
-constexpr ForwardTileConfig forward_tile_config(int head_dim) {
+// HSTU adds stages * rab (kBlockM x kBlockN) to every stage:
+//   d  64: 16 KB + 3 x (32 + 32) KB
+//   d  96: 24 KB + 2 x (48 + 32) KB
+//   d 128: 32 KB + 2 x (64 + 32) KB
+//   d 192: 48 KB + 2 x (48 + 16) KB, kBlockN 64 (96 leaves no room for the rab ring)
+//   d 256: 64 KB + 2 x (64 + 16) KB, kBlockN 64
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool hstu) {
+  if (hstu) {
+    return head_dim <= 64    ? ForwardTileConfig{128, 3}
+           : head_dim <= 128 ? ForwardTileConfig{128, 2}
+                             : ForwardTileConfig{64, 2};
+  }
   return head_dim <= 64    ? ForwardTileConfig{128, 4}
          : head_dim <= 96  ? ForwardTileConfig{128, 3}
          : head_dim <= 128 ? ForwardTileConfig{128, 2}
@@ -48,15 +59,24 @@ using SmemAtomKMajor =
                        std::conditional_t<kCols % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
                                           GMMA::Layout_K_SW32_Atom<Element>>>;
 
-template <DType kDType, int kHeadDim_>
+// The rab ring of the HSTU kernel; the softmax kernel has none.
+template <bool kHstu, class Element, class SmemLayoutRab>
+struct RabStorage {};
+template <class Element, class SmemLayoutRab>
+struct RabStorage<true, Element, SmemLayoutRab> {
+  alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutRab>, 1024> rab;
+};
+
+template <DType kDType, int kHeadDim_, bool kHstu_>
 struct ForwardTraitsSm90 {
   using Element = ElementOf<kDType>;
   using ElementAccum = float;
 
+  static constexpr bool kHstu = kHstu_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = forward_tile_config(kHeadDim).block_n;
-  static constexpr int kStages = forward_tile_config(kHeadDim).stages;
+  static constexpr int kBlockN = forward_tile_config(kHeadDim, kHstu).block_n;
+  static constexpr int kStages = forward_tile_config(kHeadDim, kHstu).stages;
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0 produces (one TMA warp)
@@ -82,6 +102,10 @@ struct ForwardTraitsSm90 {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{},
       make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // rab tiles row-major (query rows x key columns), 128-byte swizzled: the 8 rows of one accumulator column
+  // pair read by a warp fall into 8 different 16-byte chunks, so the consumers' reads are conflict-free.
+  using SmemLayoutRab = decltype(tile_to_shape(SmemAtomKMajor<Element, kBlockN>{},
+                                               Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>{}));
 
   // Global views handed to TMA: (rows, d, heads, batch) with 64-bit strides; varlen uses rows = total, batch 1.
   using ShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -92,9 +116,13 @@ struct ForwardTraitsSm90 {
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // rab as (key position rows, key position cols, h_rab, b).
+  using TmaRab = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutRab{}),
+                                        Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
 
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesRab = kBlockM * kBlockN * sizeof(Element);
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
@@ -102,9 +130,11 @@ struct ForwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    RabStorage<kHstu, Element, SmemLayoutRab> rab;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     alignas(16) typename PipelineKV::SharedStorage pipeline_v;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_rab;  // HSTU with rab only
     int next_tile;  // dynamic tile scheduling: producer -> consumers
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);

@@ -1,8 +1,10 @@
 // Mainloop of the sm90 forward kernel for one tile of 128 query rows.
-// Producer (one warp): TMA loads of Q and of the K/V blocks into the shared ring, K one block ahead of V.
-// Consumers (two warpgroups of 64 rows): S = Q K^T (wgmma from smem), softmax, O += P V (P from registers),
-// with softmax of block n overlapping P V of block n + 1 within a warpgroup, and the wgmmas of the two
-// warpgroups taking turns (pingpong) so one warpgroup's softmax hides behind the other's tensor-core work.
+// Producer (one warp): TMA loads of Q and of the K/V blocks into the shared ring, K one block ahead of V
+// (HSTU with rab: the rab tile of each block right after its K; the consumers start S from it).
+// Consumers (two warpgroups of 64 rows): S = Q K^T (wgmma from smem), softmax or the HSTU score, O += P V
+// (P from registers), with the score of block n overlapping P V of block n + 1 within a warpgroup, and the
+// wgmmas of the two warpgroups taking turns (pingpong) so one warpgroup's score work hides behind the
+// other's tensor-core work.
 #pragma once
 
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "core/params.h"
+#include "sm90/hstu_sm90.cuh"
 #include "sm90/kernel_traits_sm90.cuh"
 #include "sm90/named_barriers_sm90.cuh"
 #include "sm90/softmax_sm90.cuh"
@@ -65,14 +68,17 @@ struct ForwardMainloopSm90 {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr bool kHstu = Traits::kHstu;
 
   // Global coordinate tensors of one tile: Q (kBlockM, kHeadDim) and K/V (kBlockN, kHeadDim, n_blocks).
   // Rows are offset to the sequence start; TMA zero-fills past the tensor's end, varlen rows past the
-  // sequence's end read the next sequence and are masked (K) or never stored (Q).
+  // sequence's end read the next sequence and are masked (K) or never stored (Q). The rab tile of block n
+  // is rows [m0 + off, m0 + off + kBlockM) (key positions of the tile's query rows) x the block's keys of
+  // rab[batch, head or 0]; past max_seqlen_k TMA zero-fills, past the sequence the entries are masked.
   template <class KernelParams>
   CUTE_DEVICE static void load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                               PipelineKV& pipeline_v, PipelineState& write_k, PipelineState& write_v,
-                               TileWork const& w) {
+                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, PipelineState& write_k,
+                               PipelineState& write_v, PipelineState& write_rab, TileWork const& w) {
     const detail::Params& p = kp.params;
     const int batch = p.varlen ? 0 : w.coord.batch;
     const int kv_head = int(w.coord.head / (p.heads / p.heads_k));
@@ -116,22 +122,45 @@ struct ForwardMainloopSm90 {
       ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
       copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q), 0), tQgQ, tQsQ);
     }
+    auto load_rab = [&](int n) {
+      if constexpr (kHstu) {
+        if (p.rab == nullptr) return;
+        const int rab_head = p.rab_heads == 1 ? 0 : w.coord.head;
+        cute::Tensor mRab = kp.tma_rab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
+        cute::Tensor gRab = local_tile(
+            domain_offset(make_coord(int(w.seq.sk - w.seq.sq), _0{}), mRab(_, _, rab_head, w.coord.batch)),
+            Shape<Int<kBlockM>, Int<kBlockN>>{}, make_coord(w.coord.m_block, _));  // (kBlockM, kBlockN, n)
+        cute::Tensor sRab = cute::make_tensor(make_smem_ptr(ss.rab.rab.data()), typename Traits::SmemLayoutRab{});  // (kBlockM, kBlockN, kStages)
+        auto rab_part = tma_partition(kp.tma_rab, _0{}, Layout<_1>{}, group_modes<0, 2>(sRab), group_modes<0, 2>(gRab));
+        cute::Tensor tRgRab = get<0>(rab_part);  // (TMA, n)
+        cute::Tensor tRsRab = get<1>(rab_part);  // (TMA, kStages)
+        pipeline_rab.producer_acquire(write_rab);
+        if (leader)
+          copy(kp.tma_rab.with(*pipeline_rab.producer_get_barrier(write_rab), 0), tRgRab(_, n),
+               tRsRab(_, write_rab.index()));
+        ++write_rab;
+      }
+    };
+
     // Blocks run from the last (the masked diagonal under causal) down to the first.
     load_k(w.n_max - 1);
+    load_rab(w.n_max - 1);
     for (int n = w.n_max - 2; n >= w.n_min; --n) {
       load_k(n);
+      load_rab(n);
       load_v(n + 1);
     }
     load_v(w.n_min);
   }
 
-  // One consumer warpgroup's share (64 rows) of a tile: leaves the unnormalised O in tOrO and the row
-  // statistics in `softmax`. `tid` is the thread's index among the consumer threads.
-  template <class KernelParams, class FragO, class Softmax>
+  // One consumer warpgroup's share (64 rows) of a tile: leaves O in tOrO, for softmax unnormalised with the
+  // row statistics in `score` (an OnlineSoftmax), for HSTU final (`score` is the HstuPointwise).
+  // `tid` is the thread's index among the consumer threads.
+  template <class KernelParams, class FragO, class Score>
   CUTE_DEVICE static void mma(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                              PipelineKV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
-                              TileWork const& w, int tid, MmaScheduler<Traits::kNumMmaThreads> const& sched,
-                              FragO& tOrO, Softmax& softmax) {
+                              PipelineKV& pipeline_v, PipelineKV& pipeline_rab, PipelineState& read_k,
+                              PipelineState& read_v, PipelineState& read_rab, TileWork const& w, int tid,
+                              MmaScheduler<Traits::kNumMmaThreads> const& sched, FragO& tOrO, Score& score) {
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(tid);
@@ -145,19 +174,21 @@ struct ForwardMainloopSm90 {
     cute::Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
     cute::Tensor tScS = thr_mma_qk.partition_C(cS);                               // (MMA, MMA_M, MMA_N)
 
-    const ScoreTransform& score = kp.score;
     const int64_t m_end = detail::min64(w.m0 + kBlockM, w.seq.sq);
     // Scores -> masked scores of block n. Softmax masks are windows (each row sees one interval of keys), so
     // the fully visible blocks of a tile form one interval [full_lo, full_hi), found once per tile from both
-    // ends. Only the other blocks pay for the element mask: one compare per element against the visible key
-    // spans of this thread's rows, also found once per tile.
+    // ends. HSTU masks with targets do not (a target tile sees the history and its groups, not the keys in
+    // between): each block asks the mask. Only the other blocks pay for the element mask: one compare per
+    // element against the visible key spans of this thread's rows, also found once per tile.
     auto fully_visible = [&](int n) {
       return w.mask.tile_fully_visible(w.m0, m_end, int64_t(n) * kBlockN, int64_t(n + 1) * kBlockN);
     };
     int full_hi = w.n_max;
-    while (full_hi > w.n_min && !fully_visible(full_hi - 1)) --full_hi;
     int full_lo = w.n_min;
-    while (full_lo < full_hi && !fully_visible(full_lo)) ++full_lo;
+    if constexpr (!kHstu) {
+      while (full_hi > w.n_min && !fully_visible(full_hi - 1)) --full_hi;
+      while (full_lo < full_hi && !fully_visible(full_lo)) ++full_lo;
+    }
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kMaskRows = decltype(size<0>(c_rc))::value;
     int spans[kMaskRows][4];
@@ -170,9 +201,13 @@ struct ForwardMainloopSm90 {
       spans[r][2] = int(second.begin);
       spans[r][3] = int(second.end);
     }
-    auto mask_block = [&](auto& tSrS, int n) {
-      score.apply(tSrS);
-      if (n >= full_lo && n < full_hi) return;
+    // Sets the entries of block n no row sees to `masked`.
+    auto mask_block = [&](auto& tSrS, int n, float masked) {
+      if constexpr (kHstu) {
+        if (fully_visible(n)) return;
+      } else {
+        if (n >= full_lo && n < full_hi) return;
+      }
       const int n0 = n * kBlockN;
       cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
       auto local = [&](int key) { return max(min(key - n0, kBlockN), 0); };
@@ -183,36 +218,63 @@ struct ForwardMainloopSm90 {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(s_rc); ++c) {
           const int j = get<1>(c_rc(r, c));
-          if (!((j >= f0 && j < f1) || (j >= s0 && j < s1))) s_rc(r, c) = -INFINITY;
+          if (!((j >= f0 && j < f1) || (j >= s0 && j < s1))) s_rc(r, c) = masked;
         }
       }
     };
 
-    constexpr int kRows = Softmax::kNumRows;
-    float rescale[kRows];
+    // Waits for K, then issues S = Q K^T at this warpgroup's turn. HSTU with rab: S starts as the block's rab
+    // tile and Q K^T accumulates onto it (read before the warpgroup waits for its turn at the tensor cores,
+    // it costs no add in the score phase). Each branch passes a literal zero_init, so the compiler knows S's
+    // old registers are dead without rab (with a run-time flag it zeroed them before every Q K^T).
+    const bool has_rab = kHstu && kp.params.rab != nullptr;
+    auto issue_qk = [&](auto& tSrS) {
+      auto issue = [&](bool zero_init) {
+        pipeline_k.consumer_wait(read_k);
+        sched.wait_turn();
+        warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, zero_init);
+      };
+      if constexpr (kHstu) {
+        if (has_rab) {
+          const RabReader<Element, kBlockM, kBlockN> rab(ss.rab.rab.data(), get<0>(tScS(0)), get<1>(tScS(0)));
+          pipeline_rab.consumer_wait(read_rab);
+          rab.load(tSrS, read_rab.index());
+          pipeline_rab.consumer_release(read_rab);
+          ++read_rab;
+          issue(false);
+          return;
+        }
+      }
+      issue(true);
+    };
+    // S of block n -> P (still fp32) in place; for softmax `rescale` gets the factors O's rows need.
+    float rescale[kMaskRows];
+    auto score_block = [&](auto& tSrS, int n) {
+      if constexpr (kHstu) {
+        score.apply(tSrS);
+        mask_block(tSrS, n, 0.0f);
+      } else {
+        kp.score.apply(tSrS);
+        mask_block(tSrS, n, -INFINITY);
+        cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
+        score.update(s_rc, rescale);
+      }
+    };
 
-    pipeline_k.consumer_wait(read_k);
     cute::Tensor tSrS = partition_fragment_C(tiled_mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));  // (MMA, MMA_M, MMA_N)
-    sched.wait_turn();
-    warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, true);
+    issue_qk(tSrS);
     sched.pass_turn();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read_k);
     ++read_k;
-    mask_block(tSrS, w.n_max - 1);
-    {
-      cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
-      softmax.update(s_rc, rescale);
-    }
+    score_block(tSrS, w.n_max - 1);
     cute::Tensor tOrP = cute::make_tensor<Element>(acc_as_a_operand(tSrS.layout()));  // (MMA, MMA_M, MMA_K)
     convert_fragment(tSrS, tOrP);
     bool first_pv = true;
 
     for (int n = w.n_max - 2; n >= w.n_min; --n) {
       cute::Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));  // (MMA, MMA_M, MMA_N)
-      pipeline_k.consumer_wait(read_k);
-      sched.wait_turn();
-      warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS_next, true);
+      issue_qk(tSrS_next);
       pipeline_v.consumer_wait(read_v);
       warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, first_pv);
       sched.pass_turn();
@@ -220,14 +282,14 @@ struct ForwardMainloopSm90 {
       warpgroup_wait<1>();  // S of block n is ready; P V of block n + 1 still runs
       pipeline_k.consumer_release(read_k);
       ++read_k;
-      mask_block(tSrS_next, n);
-      cute::Tensor s_rc = cute::make_tensor(tSrS_next.data(), acc_rowcol(tSrS_next.layout()));  // (rows, cols)
-      softmax.update(s_rc, rescale);
+      score_block(tSrS_next, n);
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;
-      cute::Tensor o_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
-      scale_rows(o_rc, rescale);
+      if constexpr (!kHstu) {
+        cute::Tensor o_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
+        scale_rows(o_rc, rescale);
+      }
       convert_fragment(tSrS_next, tOrP);
     }
 

@@ -1,8 +1,9 @@
 // Persistent tile scheduler of the sm90 forward kernel over (m block, head, batch) tiles. Without a mask
 // every tile costs the same: a static round-robin, producer and consumers walk the same sequence without
-// talking. With causal/window masks tile costs differ (1 to n blocks) and a static assignment leaves SMs idle
-// (measured: 25% over the average on the busiest SM at s = 16k), so CTAs claim tiles from a global counter:
-// the producer warp claims the next tile while its consumers still work and hands it over through smem.
+// talking. With causal/window masks or jagged lengths tile costs differ (0 to n blocks) and a static
+// assignment leaves SMs idle (measured: 25% over the average on the busiest SM at s = 16k), so CTAs claim
+// tiles from a global counter: the producer warp claims the next tile while its consumers still work and
+// hands it over through smem.
 #pragma once
 
 #include <cstdint>

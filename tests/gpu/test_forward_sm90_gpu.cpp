@@ -1,7 +1,9 @@
 // GPU tests of the sm90 forward kernel (TMA + wgmma, warp-specialised): O and LSE against the float64 CPU
 // oracle under the FlashAttention tolerance rule (2x the error of a plain bf16/fp16 computation), every output
 // element written over a NaN poison, for odd lengths, s_q != s_k, varlen with empty sequences, GQA, causal,
-// sliding windows, softcap, rows without visible keys and every head-dim bucket of the build.
+// sliding windows, softcap, rows without visible keys and every head-dim bucket of the build. HSTU (jagged):
+// rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with group sizes), alpha
+// and scaling_seqlen, zero-length and one-row sequences, every bucket, and d != d_v routed to sm80.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -139,25 +141,151 @@ TEST_F(Sm90Forward, VarlenWithEmptySequences) {
   check_forward(cfg);
 }
 
+// True when the auto backend picks the sm90 kernel for `cfg` (its bucket is in the build and supports it).
+bool auto_picks_sm90(const CaseConfig& cfg) {
+  Case probe = Case::make(cfg, 1);
+  DeviceCase dc(probe, Backend::kSm90, DeviceCase::Pass::kForward);
+  ForwardArgs args = dc.forward_args();
+  Backend chosen = Backend::kAuto;
+  args.problem.backend = Backend::kAuto;
+  EXPECT_TRUE(resolve_backend(args, &chosen).ok());
+  return chosen == Backend::kSm90;
+}
+
 // Every other bucket of the build (d below a bucket is served zero-padded by that bucket).
 TEST_F(Sm90Forward, HeadDims) {
   for (int64_t d : {64, 96, 192, 256, 80, 136}) {
     for (bool causal : {false, true}) {
       CaseConfig cfg = fixed(d % 64 == 0 ? DType::kBFloat16 : DType::kFloat16, 2, 2, 1, d, 300, 300);
       cfg.causal = causal;
-      Case probe = Case::make(cfg, 1);
-      DeviceCase dc(probe, Backend::kSm90, DeviceCase::Pass::kForward);
-      ForwardArgs args = dc.forward_args();
-      Backend chosen = Backend::kAuto;
-      args.problem.backend = Backend::kAuto;
-      ASSERT_TRUE(resolve_backend(args, &chosen).ok());
-      if (chosen != Backend::kSm90) {
+      if (!auto_picks_sm90(cfg)) {
         ADD_FAILURE() << "head dim " << d << ": no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
         continue;
       }
       check_forward(cfg);
     }
   }
+}
+
+// ---- HSTU (jagged layout) ----
+
+// Causal HSTU with alpha = 1/d, the benchmark's setting. GPU rab rows start on 16-byte boundaries (checked),
+// so cases with rab have max_seqlen_k % 8 == 0.
+CaseConfig hstu(DType dt, std::vector<int32_t> lengths, int64_t h, int64_t d) {
+  CaseConfig cfg = varlen(dt, std::move(lengths), {}, h, h, d);
+  cfg.score = ScoreFunction::kHstuSilu;
+  cfg.causal = true;
+  cfg.alpha = 1.0f / static_cast<float>(d);
+  return cfg;
+}
+
+TEST_F(Sm90Forward, HstuCausalAndRab) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t rab_heads : {0, 1, 3}) {
+      CaseConfig cfg = hstu(dt, {113, 0, 200, 1, 64}, 3, 128);
+      cfg.rab_heads = rab_heads;
+      check_forward(cfg);
+    }
+  }
+}
+
+// alpha 1 puts scores far into both tails of SiLU; scaling_seqlen given explicitly.
+TEST_F(Sm90Forward, HstuAlphaAndScaling) {
+  for (float alpha : {1.0f, 0.1f}) {
+    CaseConfig cfg = hstu(DType::kBFloat16, {1111, 0, 1, 2000}, 2, 128);
+    cfg.alpha = alpha;
+    cfg.rab_heads = 1;
+    check_forward(cfg);
+    cfg = hstu(DType::kFloat16, {1111, 0, 1, 2000}, 2, 128);
+    cfg.alpha = alpha;
+    cfg.scaling_seqlen = 300.0f;
+    check_forward(cfg);
+  }
+}
+
+TEST_F(Sm90Forward, HstuNoMaskAndWindow) {
+  CaseConfig cfg = hstu(DType::kBFloat16, {304, 17, 129, 0}, 2, 128);
+  cfg.causal = false;
+  cfg.rab_heads = 2;
+  check_forward(cfg);
+  cfg.window_left = 40;
+  cfg.window_right = 0;
+  check_forward(cfg);
+  cfg.window_left = 40;
+  cfg.window_right = 25;
+  check_forward(cfg);
+  cfg.window_left = -1;
+  cfg.window_right = 130;
+  cfg.rab_heads = 0;
+  check_forward(cfg);
+}
+
+TEST_F(Sm90Forward, HstuContextsAndTargets) {
+  for (int64_t group : {1, 3, 8, 128}) {
+    CaseConfig cfg = hstu(DType::kBFloat16, {301, 0, 257, 40, 1016, 1}, 2, 128);
+    cfg.num_contexts = {5, 0, 64, 3, 100, 0};
+    cfg.num_targets = {20, 0, 17, 0, 300, 1};
+    cfg.target_group_size = group;
+    cfg.rab_heads = group == 3 ? 2 : 1;
+    check_forward(cfg);
+  }
+  CaseConfig cfg = hstu(DType::kFloat16, {304, 129}, 2, 64);
+  cfg.num_targets = {35, 128};
+  cfg.target_group_size = 4;
+  check_forward(cfg);
+  cfg.num_targets.clear();
+  cfg.target_group_size = 1;
+  cfg.num_contexts = {303, 1};
+  cfg.rab_heads = 2;
+  check_forward(cfg);
+}
+
+// Fewer queries than keys: query row i sits at key position i + s_k - s_q (rab row too).
+TEST_F(Sm90Forward, HstuQueriesShorterThanKeys) {
+  CaseConfig cfg = varlen(DType::kBFloat16, {100, 57, 0, 1}, {200, 57, 30, 9}, 2, 2, 128);
+  cfg.score = ScoreFunction::kHstuSilu;
+  cfg.alpha = 1.0f / 128;
+  for (bool causal : {false, true}) {
+    cfg.causal = causal;
+    cfg.rab_heads = causal ? 2 : 1;
+    check_forward(cfg);
+  }
+}
+
+TEST_F(Sm90Forward, HstuLong) {
+  CaseConfig cfg = hstu(DType::kBFloat16, {4224, 1023}, 1, 128);
+  cfg.rab_heads = 1;
+  cfg.num_targets = {30, 10};
+  cfg.target_group_size = 2;
+  check_forward(cfg);
+}
+
+// Every other bucket, both dtypes (d below a bucket is served zero-padded by that bucket).
+TEST_F(Sm90Forward, HstuHeadDims) {
+  for (int64_t d : {64, 96, 192, 256, 80, 136}) {
+    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+      CaseConfig cfg = hstu(dt, {304, 0, 129, 1}, 2, d);
+      cfg.rab_heads = 1;
+      cfg.num_targets = {20, 0, 7, 0};
+      cfg.target_group_size = 3;
+      if (!auto_picks_sm90(cfg)) {
+        ADD_FAILURE() << "head dim " << d << ": no sm90 HSTU kernel in this build (CUTEATTN_HDIMS); not tested";
+        continue;
+      }
+      check_forward(cfg);
+    }
+  }
+}
+
+// d != d_v has no sm90 kernel: the sm90 entry says so, and the auto backend serves it with sm80.
+TEST_F(Sm90Forward, HstuDifferentValueDimGoesToSm80) {
+  CaseConfig cfg = hstu(DType::kBFloat16, {100, 37}, 2, 64);
+  cfg.head_dim_v = 128;
+  EXPECT_FALSE(auto_picks_sm90(cfg));
+  Case c = Case::make(cfg, 1);
+  DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kForward);
+  const Status s = attention_forward(dc.forward_args());
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
 }
 
 }  // namespace
