@@ -9,6 +9,7 @@
 
 #include "common/test_util.h"
 #include "cuteattn/attention.h"
+#include "gpu/case_lists.h"
 #include "gpu/device_case.h"
 
 namespace cuteattn::test {
@@ -102,27 +103,10 @@ TEST(Sm80Backward, SoftmaxBuckets96And256) {
   check_backward(cfg, /*deterministic=*/true, /*repeats=*/2);
 }
 
-// The buckets the tests above do not reach (32, 96, 192, 256): both dtypes, causal and not, odd lengths, GQA
-// once, varlen once, HSTU with dRab once each.
+// The buckets the tests above do not reach (32, 96, 192, 256).
 TEST(Sm80Backward, EveryOtherBucket) {
   for (int64_t d : {32, 96, 192, 256}) {
-    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
-      for (bool causal : {false, true}) {
-        const bool gqa = dt == DType::kFloat16 && causal;
-        CaseConfig cfg = softmax_fixed(dt, 1, gqa ? 4 : 2, gqa ? 1 : 2, d, 113, 177);
-        cfg.causal = causal;
-        check_backward(cfg);
-      }
-    }
-    CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 77, 1, 130}, {9, 77, 0, 200}, 2, 2, d);
-    cfg.causal = true;
-    check_backward(cfg);
-    CaseConfig hstu = hstu_varlen(DType::kFloat16, {152, 0, 61}, 2, d, true, 1.0f / d);  // 152: rab rows aligned
-    hstu.rab_heads = 1;
-    hstu.drab = true;
-    hstu.num_targets = {20, 0, 7};
-    hstu.target_group_size = 4;
-    check_backward(hstu);
+    for (const CaseConfig& cfg : bucket_cases(d)) check_backward(cfg);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "common/test_util.h"
 #include "cuteattn/attention.h"
+#include "gpu/case_lists.h"
 #include "gpu/device_case.h"
 
 namespace cuteattn::test {
@@ -123,26 +124,10 @@ TEST(Sm80Forward, HeadDim256) {
   check_forward(hstu);
 }
 
-// The buckets the tests above do not reach (32, 96, 192, 256): both dtypes, causal and not, odd lengths, GQA
-// once, varlen once, HSTU once each.
+// The buckets the tests above do not reach (32, 96, 192, 256).
 TEST(Sm80Forward, EveryOtherBucket) {
   for (int64_t d : {32, 96, 192, 256}) {
-    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
-      for (bool causal : {false, true}) {
-        const bool gqa = dt == DType::kFloat16 && causal;
-        CaseConfig cfg = softmax_fixed(dt, 2, gqa ? 4 : 2, gqa ? 1 : 2, d, 113, 177);
-        cfg.causal = causal;
-        check_forward(cfg);
-      }
-    }
-    CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 77, 1, 130}, {9, 77, 0, 200}, 2, 2, d);
-    cfg.causal = true;
-    check_forward(cfg);
-    CaseConfig hstu = hstu_varlen(DType::kFloat16, {152, 0, 61}, 2, d, true, 1.0f / d);  // 152: rab rows aligned
-    hstu.rab_heads = 1;
-    hstu.num_targets = {20, 0, 7};
-    hstu.target_group_size = 4;
-    check_forward(hstu);
+    for (const CaseConfig& cfg : bucket_cases(d)) check_forward(cfg);
   }
 }
 
@@ -178,36 +163,11 @@ TEST(Sm80Forward, HstuCausalAndRab) {
 }
 
 TEST(Sm80Forward, HstuNoMaskAndWindow) {
-  // rab rows are max_seqlen_k long and must start on 16-byte boundaries (checked), hence max = 304.
-  CaseConfig cfg = hstu_varlen(DType::kBFloat16, {304, 17, 129}, 2, 128, true, 1.0f / 128);
-  cfg.causal = false;
-  cfg.rab_heads = 2;
-  check_forward(cfg);
-  cfg.window_left = 40;
-  cfg.window_right = 0;
-  check_forward(cfg);
-  cfg.window_left = 40;
-  cfg.window_right = 25;
-  check_forward(cfg);
+  for (const CaseConfig& cfg : hstu_window_cases()) check_forward(cfg);
 }
 
 TEST(Sm80Forward, HstuContextAndTargets) {
-  for (int64_t group : {1, 3, 8}) {
-    CaseConfig cfg = hstu_varlen(DType::kBFloat16, {301, 0, 257, 40, 1016}, 2, 128, true, 1.0f / 128);
-    cfg.num_contexts = {5, 0, 64, 3, 100};
-    cfg.num_targets = {20, 0, 17, 0, 70};
-    cfg.target_group_size = group;
-    cfg.rab_heads = group == 3 ? 2 : 1;
-    check_forward(cfg);
-  }
-  CaseConfig cfg = hstu_varlen(DType::kFloat16, {300, 129}, 2, 64, true, 1.0f / 64);
-  cfg.num_targets = {35, 128};
-  cfg.target_group_size = 4;
-  check_forward(cfg);
-  cfg.num_targets.clear();
-  cfg.target_group_size = 1;
-  cfg.num_contexts = {299, 1};
-  check_forward(cfg);
+  for (const CaseConfig& cfg : hstu_context_target_cases()) check_forward(cfg);
 }
 
 TEST(Sm80Forward, HstuLong4224) {

@@ -13,6 +13,7 @@
 
 #include "common/test_util.h"
 #include "cuteattn/attention.h"
+#include "gpu/case_lists.h"
 #include "gpu/device_case.h"
 
 namespace cuteattn::test {
@@ -175,40 +176,11 @@ TEST_F(Sm90Forward, HstuAlphaAndScaling) {
 }
 
 TEST_F(Sm90Forward, HstuNoMaskAndWindow) {
-  CaseConfig cfg = hstu(DType::kBFloat16, {304, 17, 129, 0}, 2, 128);
-  cfg.causal = false;
-  cfg.rab_heads = 2;
-  check_forward(cfg);
-  cfg.window_left = 40;
-  cfg.window_right = 0;
-  check_forward(cfg);
-  cfg.window_left = 40;
-  cfg.window_right = 25;
-  check_forward(cfg);
-  cfg.window_left = -1;
-  cfg.window_right = 130;
-  cfg.rab_heads = 0;
-  check_forward(cfg);
+  for (const CaseConfig& cfg : hstu_window_cases()) check_forward(cfg);
 }
 
 TEST_F(Sm90Forward, HstuContextsAndTargets) {
-  for (int64_t group : {1, 3, 8, 128}) {
-    CaseConfig cfg = hstu(DType::kBFloat16, {301, 0, 257, 40, 1016, 1}, 2, 128);
-    cfg.num_contexts = {5, 0, 64, 3, 100, 0};
-    cfg.num_targets = {20, 0, 17, 0, 300, 1};
-    cfg.target_group_size = group;
-    cfg.rab_heads = group == 3 ? 2 : 1;
-    check_forward(cfg);
-  }
-  CaseConfig cfg = hstu(DType::kFloat16, {304, 129}, 2, 64);
-  cfg.num_targets = {35, 128};
-  cfg.target_group_size = 4;
-  check_forward(cfg);
-  cfg.num_targets.clear();
-  cfg.target_group_size = 1;
-  cfg.num_contexts = {303, 1};
-  cfg.rab_heads = 2;
-  check_forward(cfg);
+  for (const CaseConfig& cfg : hstu_context_target_cases()) check_forward(cfg);
 }
 
 // Fewer queries than keys: query row i sits at key position i + s_k - s_q (rab row too).
