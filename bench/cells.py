@@ -44,11 +44,11 @@ def hstu_cell(d: int, max_len: int, targets: bool, rab: bool, dtype="bf16", batc
     return Cell("hstu", dtype, d, max_len, batch, heads, causal, targets, rab)
 
 
-def fa_grid(quick: bool) -> List[Cell]:
+def fa_grid(quick: bool, dtypes=("bf16", "fp16")) -> List[Cell]:
     if quick:
         return [fa_cell("bf16", d, s, c) for d, s in ((64, 1024), (128, 1024), (128, 4096), (256, 2048))
                 for c in (False, True)]  # fmt: skip
-    return [fa_cell(dt, d, s, c) for dt in ("bf16", "fp16") for d in (64, 128, 256)
+    return [fa_cell(dt, d, s, c) for dt in dtypes for d in (64, 128, 256)
             for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]  # fmt: skip
 
 

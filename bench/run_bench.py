@@ -33,6 +33,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", action="append", choices=["fa", "hstu"], help="full grid(s) to run (repeatable)")
     p.add_argument("--quick", action="store_true", help="a small subset of both grids (device check)")
+    p.add_argument("--grid-dtypes", default="bf16,fp16", help="element types of the full FA-grid")
     cell = p.add_argument_group("single cell (instead of a grid)")
     cell.add_argument("--kind", choices=["fa", "hstu"])
     cell.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -70,7 +71,7 @@ def select_cells(args) -> List[Cell]:
         raise SystemExit("nothing to run: give --quick, --grid fa|hstu or a cell (--kind ...)")
     cells = []
     if "fa" in grids:
-        cells += fa_grid(args.quick)
+        cells += fa_grid(args.quick, args.grid_dtypes.split(","))
     if "hstu" in grids:
         cells += hstu_grid(args.quick)
     return cells
