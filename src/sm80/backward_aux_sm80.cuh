@@ -10,27 +10,46 @@
 
 namespace cuteattn::detail::sm80_bwd {
 
-// One warp per (query row, head): D = sum_c dO[c] * O[c] in fp32, stored at the row's LSE index.
-template <class Element>
+// D = sum_c dO[c] * O[c] in fp32 per (query row, head), stored at the row's LSE index. A group of kGroup
+// threads (a power of two) takes one (row, head), 16 bytes of O and dO per thread; the loop runs per warp so
+// every lane reaches the shuffles.
+template <class Element, int kHeadDim>
 __global__ void dot_do_o_kernel(const __grid_constant__ Params p, float* dsum) {
+  constexpr int kVec = 16 / int(sizeof(Element));
+  constexpr int kChunks = kHeadDim / kVec;
+  constexpr int kGroup = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static_assert(kChunks <= 32, "one 16-byte chunk per thread of a warp");
+  constexpr int kGroupsPerWarp = 32 / kGroup;
   const int lane = threadIdx.x % 32;
+  const int c = lane % kGroup * kVec;
+  const int64_t rows = p.total_q * p.heads;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; w < p.total_q * p.heads; w += warps) {
-    const int64_t g = w / p.heads;  // global query row
+  for (int64_t wp = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; wp * kGroupsPerWarp < rows;
+       wp += warps) {
+    const int64_t w = wp * kGroupsPerWarp + lane / kGroup;  // (global query row, head), row-major
+    const int64_t g = w / p.heads;
     const int64_t h = w % p.heads;
     int64_t bi = 0, row = g;
     if (!p.varlen) {
       bi = g / p.seqlen_q;
       row = g % p.seqlen_q;
     }
-    const Element* o = static_cast<const Element*>(p.o.ptr) + bi * p.o.batch_stride + row * p.o.row_stride +
-                       h * p.o.head_stride;
-    const Element* d_o = static_cast<const Element*>(p.dout.ptr) + bi * p.dout.batch_stride +
-                         row * p.dout.row_stride + h * p.dout.head_stride;
     float acc = 0.0f;
-    for (int64_t c = lane; c < p.head_dim_v; c += 32) acc += static_cast<float>(o[c]) * static_cast<float>(d_o[c]);
-    for (int s = 16; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0) dsum[p.varlen ? h * p.total_q + g : (bi * p.heads + h) * p.seqlen_q + row] = acc;
+    if (w < rows && c < p.head_dim_v) {
+      const Element* o = static_cast<const Element*>(p.o.ptr) + bi * p.o.batch_stride + row * p.o.row_stride +
+                         h * p.o.head_stride + c;
+      const Element* d_o = static_cast<const Element*>(p.dout.ptr) + bi * p.dout.batch_stride +
+                           row * p.dout.row_stride + h * p.dout.head_stride + c;
+      const uint4 ov = *reinterpret_cast<const uint4*>(o);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o);
+      const Element* oe = reinterpret_cast<const Element*>(&ov);
+      const Element* de = reinterpret_cast<const Element*>(&dv);
+      for (int k = 0; k < kVec; ++k) acc += static_cast<float>(oe[k]) * static_cast<float>(de[k]);
+    }
+    for (int s = kGroup / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (w < rows && lane % kGroup == 0) {
+      dsum[p.varlen ? h * p.total_q + g : (bi * p.heads + h) * p.seqlen_q + row] = acc;
+    }
   }
 }
 

@@ -59,6 +59,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Element* smem_v = smem_k + Traits::kSizeKV;
   Element* smem_p = smem_v + Traits::kSizeKV;
   Element* smem_ds = smem_p + Traits::kSizePdS;
+  float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kSizePdS);  // (kStages, kBlockM)
+  float* smem_dsum = smem_lse + kStages * kBlockM;                         // (kStages, kBlockM)
 
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
   Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
@@ -132,6 +134,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   auto smem_thr_copy_dq_b = smem_tiled_copy_dq_b.get_thread_slice(tidx);
   Tensor tdQsdS = smem_thr_copy_dq_a.partition_S(sdS);  // (CPY, CPY_M, CPY_K)
   Tensor tdQcdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));  // (MMA, MMA_M, MMA_D)
+  // A thread's dQ rows: two (r, r + 8) per MMA_M step of 16 * kAtomMdQ rows, numbered by slot.
+  constexpr int kDqMStep = 16 * Traits::kAtomMdQ;
+  constexpr int kDqRowSlots = 2 * decltype(size<1>(tdQcdQ))::value;
+  auto dq_row_delta = [](int slot) { return slot / 2 * kDqMStep + slot % 2 * 8; };
+  auto dq_row_slot = [](int delta) { return delta / kDqMStep * 2 + delta % kDqMStep / 8; };
 
   // Column tests of the dQ atomics and the dK/dV stores, one bit per accumulator column pair, computed once: the
   // compiler otherwise keeps every column index live across the loops (and spills them). The empty asm hides
@@ -178,9 +185,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     const Range rows = mask.row_range(n0, n0 + kBlockN);
     const int m_begin = rows.empty() ? 0 : int(rows.begin / kBlockM);
     const int m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
-    auto next_visible = [&](int m) {
-      while (m < m_end && !block_visible(m, n0)) ++m;
-      return m;
+    // Which query blocks [chunk_base, chunk_base + 32) see this key block (vis_bits) and are fully visible
+    // (full_bits): one mask evaluation per lane every 32 blocks instead of the 64-bit mask math per block.
+    int chunk_base = m_end;
+    uint32_t vis_bits = 0, full_bits = 0;
+    // Visible keys of query row i as two column intervals [x, y) and [z, w) of this key block (Mask's
+    // visible_spans; key indices fit 32 bits), so a partially visible tile masks with four compares per element.
+    auto row_spans = [&](int i) {
+      Range a, b;
+      visible_spans(mask, i, &a, &b);
+      return make_int4(int(a.begin) - n0, int(a.end) - n0, int(b.begin) - n0, int(b.end) - n0);
+    };
+    auto next_visible = [&](int m) {  // first visible query block >= m (m_end if none); its bits are loaded
+      while (m < m_end) {
+        if (m < chunk_base || m >= chunk_base + 32) {
+          const int mm = m + tidx % 32;
+          const bool in = mm < m_end;
+          vis_bits = __ballot_sync(0xffffffffu, in && block_visible(mm, n0));
+          full_bits = __ballot_sync(0xffffffffu, in && mask.tile_fully_visible(int64_t(mm) * kBlockM,
+                                                                               int64_t(mm + 1) * kBlockM, n0,
+                                                                               n0 + kBlockN));
+          chunk_base = m;
+        }
+        const uint32_t rest = vis_bits >> (m - chunk_base);
+        if (rest != 0u) return m + __ffs(int(rest)) - 1;
+        m = chunk_base + 32;
+      }
+      return m_end;
     };
 
     const int kv_heads_per_cta = args.heads_per_cta / args.kv_group;
@@ -196,8 +227,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         Tensor tKsK = gmem_thr_copy.partition_D(sK);  // (CPY, CPY_N, CPY_K)
         Tensor tVgV = gmem_thr_copy.partition_S(gV);  // (CPY, CPY_N, CPY_K)
         Tensor tVsV = gmem_thr_copy.partition_D(sV);  // (CPY, CPY_N, CPY_K)
-        copy_tile_pred(gmem_tiled_copy, tKgK, tKsK, tKcK, sk - n0, d);
-        copy_tile_pred(gmem_tiled_copy, tVgV, tVsV, tKcK, sk - n0, dv);
+        copy_tile_pred<kBlockN, kHeadDim>(gmem_tiled_copy, tKgK, tKsK, tKcK, sk - n0, d);
+        copy_tile_pred<kBlockN, kHeadDim>(gmem_tiled_copy, tVgV, tVsV, tKcK, sk - n0, dv);
         cp_async_fence();
       }
       clear(acc_dk);
@@ -209,8 +240,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         const Element* do_head = static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq);
         // Softmax LSE and D of query row i sit at index lse_row0 + i; rows past sq read as 0.
         const int64_t lse_row0 = kHstu ? 0 : seq.lse_index(p, bi, hq, 0);
-        auto row_lse = [&](int i) { return i < sq ? p.lse[lse_row0 + i] : 0.0f; };
-        auto row_dsum = [&](int i) { return i < sq ? args.dsum[lse_row0 + i] : 0.0f; };
         auto load_q_do = [&](int m, int stage) {
           Tensor gQ = make_tensor(make_gmem_ptr(q_head + int64_t(m) * kBlockM * p.q.row_stride),
                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q.row_stride, _1{}));  // (kBlockM, kHeadDim)
@@ -222,8 +251,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           Tensor tQsQ = gmem_thr_copy.partition_D(sQ);     // (CPY, CPY_M, CPY_K)
           Tensor tdOgdO = gmem_thr_copy.partition_S(gdO);  // (CPY, CPY_M, CPY_K)
           Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);  // (CPY, CPY_M, CPY_K)
-          copy_tile_pred(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, sq - m * kBlockM, d);
-          copy_tile_pred(gmem_tiled_copy, tdOgdO, tdOsdO, tQcQ, sq - m * kBlockM, dv);
+          copy_tile_pred<kBlockM, kHeadDim>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, sq - m * kBlockM, d);
+          copy_tile_pred<kBlockM, kHeadDim>(gmem_tiled_copy, tdOgdO, tdOsdO, tQcQ, sq - m * kBlockM, dv);
+          if (!kHstu && tidx < 2 * kBlockM) {
+            const int r = tidx % kBlockM, i = m * kBlockM + r;
+            const float* src = (tidx < kBlockM ? p.lse : args.dsum) + lse_row0 + (i < sq ? i : 0);
+            cp_async_f32(src, (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + r, i < sq);
+          }
           cp_async_fence();
         };
 
@@ -232,6 +266,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         __syncthreads();  // the previous head's last query block is no longer read from sQ/sdO
         if (m < m_end) load_q_do(m, 0);
         while (m < m_end) {
+          const bool full_tile = full_bits >> (m - chunk_base) & 1u;
           const int m_next = next_visible(m + 1);
           const int m0 = m * kBlockM;
           cp_async_wait<0>();
@@ -242,6 +277,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           Tensor sdO = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});  // (kBlockM, kHeadDim)
           Tensor sQt = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{});  // (kHeadDim, kBlockM)
           Tensor sdOt = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{}); // (kHeadDim, kBlockM)
+          // LSE and D of this block's rows (0 for rows past sq).
+          const float* lse_blk = smem_lse + stage * kBlockM;
+          const float* dsum_blk = smem_dsum + stage * kBlockM;
 
           constexpr int kRows = decltype(size<0>(tScS_rc))::value;
           constexpr int kCols = decltype(size<1>(tScS_rc))::value;
@@ -276,7 +314,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           // P goes to sP; HSTU also parks the dP-independent factor dprob(S_pre) in sdS. The thread that wrote them
           // reads them back to form dS, so no fp32 tile stays live across the dP GEMM next to dK/dV.
           // Masking is a separate pass that only partially visible tiles take.
-          const bool full_tile = mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
           Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));  // (ROW, COL)
           if constexpr (kHstu) {
             // P is rounded to the input dtype as it is formed, so no second fp32 tile sits next to acc_s.
@@ -295,10 +332,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             if (!full_tile) {
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
-                const int i = m0 + get<0>(tScS_rc(mi, 0));
+                const int4 sp = row_spans(m0 + get<0>(tScS_rc(mi, 0)));
                 CUTE_UNROLL
                 for (int ni = 0; ni < kCols; ++ni) {
-                  if (!mask.visible(i, n0 + get<1>(tScS_rc(mi, ni)))) {
+                  const int c = get<1>(tScS_rc(mi, ni));
+                  if (!((c >= sp.x && c < sp.y) || (c >= sp.z && c < sp.w))) {
                     p_rc(mi, ni) = static_cast<Element>(0.0f);
                     s_rc(mi, ni) = 0.0f;
                   }
@@ -311,7 +349,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           } else {
             float row_lse2[kRows];  // LSE * log2(e); +inf for rows that see no key (P = 0 there)
             CUTE_UNROLL
-            for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(row_lse(m0 + get<0>(tScS_rc(mi, 0))));
+            for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(lse_blk[get<0>(tScS_rc(mi, 0))]);
             if (p.softcap > 0.0f) {
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
@@ -330,10 +368,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             if (!full_tile) {
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
-                const int i = m0 + get<0>(tScS_rc(mi, 0));
+                const int4 sp = row_spans(m0 + get<0>(tScS_rc(mi, 0)));
                 CUTE_UNROLL
                 for (int ni = 0; ni < kCols; ++ni) {
-                  if (!mask.visible(i, n0 + get<1>(tScS_rc(mi, ni)))) s_rc(mi, ni) = 0.0f;
+                  const int c = get<1>(tScS_rc(mi, ni));
+                  if (!((c >= sp.x && c < sp.y) || (c >= sp.z && c < sp.w))) s_rc(mi, ni) = 0.0f;
                 }
               }
             }
@@ -360,8 +399,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
               const int row = get<0>(tScS_rc(mi, 0));
-              const float lse2 = lse_log2(row_lse(m0 + row));
-              const float dsum = row_dsum(m0 + row);
+              const float lse2 = lse_log2(lse_blk[row]);
+              const float dsum = dsum_blk[row];
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
                 const float prob = static_cast<float>(rX_rc(mi, ni));
@@ -372,7 +411,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           } else {
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
-              const float dsum = row_dsum(m0 + get<0>(tScS_rc(mi, 0)));
+              const float dsum = dsum_blk[get<0>(tScS_rc(mi, 0))];
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) dp_rc(mi, ni) = static_cast<float>(rX_rc(mi, ni)) * (dp_rc(mi, ni) - dsum);
             }
@@ -422,11 +461,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             load_q_do(m_next, 0);
           }
 
-          // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time. Addresses are this
-          // thread's first element plus compile-time row/column deltas, so no per-column pointer stays live.
+          // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time. This thread's rows are
+          // dq_r0 + dq_row_delta(slot); each atomic address is a row pointer plus a compile-time column delta.
+          // The empty asm keeps the row pointers from being recomputed (64-bit multiply) at every atomic. A block
+          // wholly inside sq and d issues its atomics without per-element tests (and without the branches
+          // around each of them).
           const int dq_r0 = get<0>(tdQcdQ(0)), dq_c0 = get<1>(tdQcdQ(0));
-          float* dq_thr = args.dq_accum + split * args.dq_split_stride +
-                          (dq_row_base + m0 + dq_r0) * dq_row_stride + hq * kHeadDim + dq_c0;
+          float* dq_row[kDqRowSlots];
+          bool dq_row_ok[kDqRowSlots];
+          dq_row[0] = args.dq_accum + split * args.dq_split_stride + (dq_row_base + m0 + dq_r0) * dq_row_stride +
+                      hq * kHeadDim + dq_c0;
+          CUTE_UNROLL
+          for (int slot = 0; slot < kDqRowSlots; ++slot) {
+            if (slot > 0) {
+              dq_row[slot] = dq_row[0] + dq_row_delta(slot) * dq_row_stride;
+              asm("" : "+l"(dq_row[slot]));
+            }
+            dq_row_ok[slot] = m0 + dq_r0 + dq_row_delta(slot) < sq;
+          }
+          const bool dq_block_in = m0 + kBlockM <= sq && d == kHeadDim;
           CUTE_UNROLL
           for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
             Tensor sKt_chunk = local_tile(sKt, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(chunk, 0));  // (kDqCols, kBlockN)
@@ -435,17 +488,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, smem_thr_copy_dq_b.partition_S(sKt_chunk),
                     smem_tiled_copy_dq_a, smem_tiled_copy_dq_b, smem_thr_copy_dq_a, smem_thr_copy_dq_b);
             // Accumulator elements 2k and 2k+1 are columns c and c + 1 of one row (c even, d a multiple of 8).
-            CUTE_UNROLL
-            for (int e = 0; e < size(acc_dq); e += 2) {
-              const int r = get<0>(tdQcdQ(e)), c = chunk * kDqCols + get<1>(tdQcdQ(e));
-              if (m0 + r < sq && (dq_col_ok >> (chunk * kDqPairs + e / 2) & 1u)) {
-                float* dst = dq_thr + (r - dq_r0) * dq_row_stride + (c - dq_c0);
+            auto add_pair = [&](int e) {
+              const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0), c = chunk * kDqCols + get<1>(tdQcdQ(e));
+              float* dst = dq_row[slot] + (c - dq_c0);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc_dq(e), acc_dq(e + 1)));
+              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc_dq(e), acc_dq(e + 1)));
 #else
-                atomicAdd(dst, acc_dq(e));
-                atomicAdd(dst + 1, acc_dq(e + 1));
+              atomicAdd(dst, acc_dq(e));
+              atomicAdd(dst + 1, acc_dq(e + 1));
 #endif
+            };
+            if (dq_block_in) {
+              CUTE_UNROLL
+              for (int e = 0; e < size(acc_dq); e += 2) add_pair(e);
+            } else {
+              CUTE_UNROLL
+              for (int e = 0; e < size(acc_dq); e += 2) {
+                const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0);
+                if (dq_row_ok[slot] && (dq_col_ok >> (chunk * kDqPairs + e / 2) & 1u)) add_pair(e);
               }
             }
           }

@@ -35,7 +35,7 @@ struct Sm80Backward {
 
   static int block_n() {
     if constexpr (kCompiled) {
-      return sm80_bwd::BwdTraits<kDType, kHeadDim>::kBlockN;
+      return sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kBlockN;
     } else {
       return 1;
     }
@@ -101,7 +101,7 @@ struct Sm80Backward {
       }
       int smem = 0;
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
-      if (smem < sm80_bwd::BwdTraits<kDType, kHeadDim>::kSmemBytes) {
+      if (smem < sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kSmemBytes) {
         return Status::NotSupported("sm80 backward: the device has too little shared memory for head dim " +
                                     std::to_string(kHeadDim));
       }
@@ -115,7 +115,7 @@ struct Sm80Backward {
     if constexpr (!kCompiled) {
       return Status::NotSupported("sm80 backward: only float16 and bfloat16 kernels exist");
     } else {
-      using Traits = sm80_bwd::BwdTraits<kDType, kHeadDim>;
+      using Traits = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>;
       using Element = typename Traits::Element;
       const Plan pl = plan(p);
       cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
@@ -142,8 +142,8 @@ struct Sm80Backward {
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
       if constexpr (!kHstu) {
         if (p.total_q > 0) {
-          sm80_bwd::dot_do_o_kernel<Element><<<aux_blocks(p.total_q * p.heads * 32), kAuxThreads, 0, stream>>>(
-              p, const_cast<float*>(args.dsum));
+          sm80_bwd::dot_do_o_kernel<Element, kHeadDim>
+              <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, const_cast<float*>(args.dsum));
         }
       } else {
         if (p.drab != nullptr && !pl.drab_accum && p.seqlen_k > 0) {
@@ -153,11 +153,11 @@ struct Sm80Backward {
       }
 
       if (pl.n_blocks > 0 && p.batch > 0) {
+        const dim3 grid(pl.nsplit, unsigned(p.batch), unsigned(p.heads / pl.heads_per_cta));
         auto kernel = sm80_bwd::bwd_kernel<Traits, kHstu>;
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+        if (err == cudaSuccess) kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
         if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
-        const dim3 grid(pl.nsplit, unsigned(p.batch), unsigned(p.heads / pl.heads_per_cta));
-        kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
       }
 
       if (p.total_q > 0) {

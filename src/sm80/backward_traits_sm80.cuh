@@ -29,16 +29,18 @@ struct ElementOf<DType::kBFloat16> {
 };
 
 // One CTA owns a key block of kBlockN rows of K/V and walks the query blocks of kBlockM rows that see it.
-// kBlockM = 64 everywhere keeps the fp32 dK + dV accumulators (kBlockN x kHeadDim each, spread over 256
-// threads) at <= 128 registers per thread; kBlockN shrinks to 64 for d > 128 for the same reason.
-template <DType kDType, int kHeadDim_>
+// kBlockM = 64 for d > 64 keeps the fp32 dK + dV accumulators (kBlockN x kHeadDim each, spread over 256
+// threads) at <= 128 registers per thread next to the S/dP tiles; kBlockN shrinks to 64 for d > 128 for the
+// same reason. Softmax with d <= 64 takes 128 x 128 tiles: half the query-block steps, each with twice the
+// MMA work (HSTU keeps 64-row blocks: its preloaded rab pairs would double too and spill).
+template <DType kDType, int kHeadDim_, bool kHstu>
 struct BwdTraits {
   using Element = typename ElementOf<kDType>::type;
   using ElementAccum = float;
   using MmaAtom = typename ElementOf<kDType>::MmaAtom;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;
+  static constexpr int kBlockM = kHeadDim <= 64 && !kHstu ? 128 : 64;
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   static constexpr int kNWarps = 8;
   static constexpr int kNThreads = kNWarps * 32;
@@ -82,11 +84,14 @@ struct BwdTraits {
   static constexpr int kSizeKV = kBlockN * kHeadDim;
   static constexpr int kSizePdS = kBlockM * kBlockN;
   // Q and dO are double-buffered (the next query block loads during this one's math) when it fits the
-  // 163 KB an A100 gives one CTA; d = 256 runs single-buffered.
+  // 163 KB an A100 gives one CTA; d = 256 runs single-buffered (double-buffered, measured no faster on an
+  // H100). Each stage also holds the fp32 LSE and D of its kBlockM rows, loaded with Q and dO so the softmax
+  // never waits on global memory.
   static constexpr int smem_bytes(int stages) {
-    return (2 * stages * kSizeQdO + 2 * kSizeKV + 2 * kSizePdS) * int(sizeof(Element));
+    return (2 * stages * kSizeQdO + 2 * kSizeKV + 2 * kSizePdS) * int(sizeof(Element)) +
+           2 * stages * kBlockM * int(sizeof(float));
   }
-  static constexpr int kStages = smem_bytes(2) <= 161 * 1024 ? 2 : 1;
+  static constexpr int kStages = smem_bytes(2) <= 163 * 1024 ? 2 : 1;
   static constexpr int kSmemBytes = smem_bytes(kStages);
 
   // 128-bit cp.async global -> shared, kGmemThreadsPerRow threads per kBlockKSmem-wide row chunk.

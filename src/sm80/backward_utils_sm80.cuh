@@ -41,11 +41,16 @@ __device__ __forceinline__ void gemm_ss(TiledMma& tiled_mma, TensorAcc& acc, Ten
   }
 }
 
-// Global -> shared tile load with cp.async; rows >= max_row and columns >= max_col are zero-filled in shared
-// memory (never read from global). max_col is a multiple of the 8-element vector.
-template <class TiledCopy, class TensorG, class TensorS, class TensorC>
+// Global -> shared tile load with cp.async of a kRows x kCols tile; rows >= max_row and columns >= max_col are
+// zero-filled in shared memory (never read from global). max_col is a multiple of the 8-element vector.
+// A tile wholly in bounds takes the unpredicated copy.
+template <int kRows, int kCols, class TiledCopy, class TensorG, class TensorS, class TensorC>
 __device__ __forceinline__ void copy_tile_pred(TiledCopy const& tiled_copy, TensorG const& tXgX, TensorS& tXsX,
                                                TensorC const& tXcX, int max_row, int max_col) {
+  if (max_row >= kRows && max_col >= kCols) {
+    copy(tiled_copy, tXgX, tXsX);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tXgX); ++m) {
     const bool row_ok = get<0>(tXcX(0, m, 0)) < max_row;
@@ -58,6 +63,12 @@ __device__ __forceinline__ void copy_tile_pred(TiledCopy const& tiled_copy, Tens
       }
     }
   }
+}
+
+// One fp32 global -> shared copy with cp.async; zero-filled (src not read) when !pred.
+__device__ __forceinline__ void cp_async_f32(const float* src, float* dst, bool pred) {
+  SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>::copy(*reinterpret_cast<const uint32_t*>(src),
+                                                  *reinterpret_cast<uint32_t*>(dst), pred);
 }
 
 // Conversion of a whole register fragment (fp32 accumulators to the input dtype), two elements per instruction.
