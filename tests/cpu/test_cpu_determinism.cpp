@@ -40,25 +40,13 @@ void check_deterministic(CaseConfig cfg) {
 }
 
 TEST(TiledDeterminism, SoftmaxGqaVarlen) {
-  CaseConfig c;
-  c.dtype = DType::kBFloat16;
-  c.seqlens_q = {130, 0, 257, 64};
-  c.seqlens_k = {200, 5, 257, 1};
-  c.heads = 8;
-  c.heads_k = 2;
-  c.head_dim = 64;
+  CaseConfig c = softmax_varlen(DType::kBFloat16, {130, 0, 257, 64}, {200, 5, 257, 1}, 8, 2, 64);
   c.causal = true;
   check_deterministic(c);
 }
 
 TEST(TiledDeterminism, SoftmaxFixedWindowSoftcap) {
-  CaseConfig c;
-  c.dtype = DType::kFloat32;
-  c.batch = 2;
-  c.seqlen_q = c.seqlen_k = 300;
-  c.heads = 4;
-  c.heads_k = 4;
-  c.head_dim = 32;
+  CaseConfig c = softmax_fixed(DType::kFloat32, 2, 4, 4, 32, 300, 300);
   c.window_left = 70;
   c.window_right = 20;
   c.softcap = 8.0f;
@@ -66,14 +54,7 @@ TEST(TiledDeterminism, SoftmaxFixedWindowSoftcap) {
 }
 
 TEST(TiledDeterminism, HstuSharedRabGradient) {
-  CaseConfig c;
-  c.score = ScoreFunction::kHstuSilu;
-  c.dtype = DType::kBFloat16;
-  c.seqlens_q = {200, 0, 129};
-  c.heads = c.heads_k = 4;
-  c.head_dim = 64;
-  c.alpha = 0.125f;
-  c.causal = true;
+  CaseConfig c = hstu_varlen(DType::kBFloat16, {200, 0, 129}, 4, 64, /*causal=*/true, 0.125f);
   c.rab_heads = 1;
   c.drab = true;
   c.num_targets = {20, 0, 9};

@@ -56,29 +56,12 @@ void gradcheck(const CaseConfig& cfg) {
 }
 
 CaseConfig tiny_softmax() {
-  CaseConfig c;
-  c.dtype = DType::kFloat32;
-  c.batch = 2;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.seqlen_q = 5;
-  c.seqlen_k = 7;
-  c.head_dim = 4;
-  c.head_dim_v = 3;
-  return c;
+  return with(softmax_fixed(DType::kFloat32, 2, 4, 2, 4, 5, 7), [](CaseConfig& c) { c.head_dim_v = 3; });
 }
 
 CaseConfig tiny_hstu() {
-  CaseConfig c;
-  c.score = ScoreFunction::kHstuSilu;
-  c.dtype = DType::kFloat32;
-  c.seqlens_q = {6, 0, 9};
-  c.heads = c.heads_k = 2;
-  c.head_dim = 4;
-  c.head_dim_v = 3;
-  c.alpha = 0.8f;
-  c.causal = true;
-  return c;
+  return with(hstu_varlen(DType::kFloat32, {6, 0, 9}, 2, 4, /*causal=*/true, 0.8f),
+              [](CaseConfig& c) { c.head_dim_v = 3; });
 }
 
 TEST(OracleGradcheck, Softmax) { gradcheck(tiny_softmax()); }

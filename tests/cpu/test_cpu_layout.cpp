@@ -101,56 +101,36 @@ void check_layout(const CaseConfig& cfg, Backend backend) {
   }
 }
 
-CaseConfig softmax_fixed() {
-  CaseConfig c;
-  c.dtype = DType::kBFloat16;
-  c.batch = 2;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.seqlen_q = 70;
-  c.seqlen_k = 90;
-  c.head_dim = 64;
-  c.head_dim_v = 32;
-  c.causal = true;
-  return c;
+CaseConfig fixed_case() {
+  return with(softmax_fixed(DType::kBFloat16, 2, 4, 2, 64, 70, 90), [](CaseConfig& c) {
+    c.head_dim_v = 32;
+    c.causal = true;
+  });
 }
 
-CaseConfig softmax_varlen() {
-  CaseConfig c;
-  c.dtype = DType::kFloat16;
-  c.seqlens_q = {33, 0, 80};
-  c.seqlens_k = {40, 3, 80};
-  c.heads = 2;
-  c.heads_k = 1;
-  c.head_dim = 32;
-  c.window_left = 16;
-  c.window_right = 4;
-  return c;
+CaseConfig varlen_case() {
+  return with(softmax_varlen(DType::kFloat16, {33, 0, 80}, {40, 3, 80}, 2, 1, 32), [](CaseConfig& c) {
+    c.window_left = 16;
+    c.window_right = 4;
+  });
 }
 
-CaseConfig hstu_varlen() {
-  CaseConfig c;
-  c.score = ScoreFunction::kHstuSilu;
-  c.dtype = DType::kBFloat16;
-  c.seqlens_q = {50, 0, 77};
-  c.heads = c.heads_k = 2;
-  c.head_dim = 32;
-  c.alpha = 0.2f;
-  c.causal = true;
-  c.rab_heads = 2;
-  c.drab = true;
-  c.num_contexts = {4, 0, 6};
-  c.num_targets = {10, 0, 7};
-  c.target_group_size = 2;
-  return c;
+CaseConfig hstu_case() {
+  return with(hstu_varlen(DType::kBFloat16, {50, 0, 77}, 2, 32, /*causal=*/true, 0.2f), [](CaseConfig& c) {
+    c.rab_heads = 2;
+    c.drab = true;
+    c.num_contexts = {4, 0, 6};
+    c.num_targets = {10, 0, 7};
+    c.target_group_size = 2;
+  });
 }
 
-TEST(StridedLayout, SoftmaxFixedTiled) { check_layout(softmax_fixed(), Backend::kCpu); }
-TEST(StridedLayout, SoftmaxFixedReference) { check_layout(softmax_fixed(), Backend::kCpuReference); }
-TEST(StridedLayout, SoftmaxVarlenTiled) { check_layout(softmax_varlen(), Backend::kCpu); }
-TEST(StridedLayout, SoftmaxVarlenReference) { check_layout(softmax_varlen(), Backend::kCpuReference); }
-TEST(StridedLayout, HstuTiled) { check_layout(hstu_varlen(), Backend::kCpu); }
-TEST(StridedLayout, HstuReference) { check_layout(hstu_varlen(), Backend::kCpuReference); }
+TEST(StridedLayout, SoftmaxFixedTiled) { check_layout(fixed_case(), Backend::kCpu); }
+TEST(StridedLayout, SoftmaxFixedReference) { check_layout(fixed_case(), Backend::kCpuReference); }
+TEST(StridedLayout, SoftmaxVarlenTiled) { check_layout(varlen_case(), Backend::kCpu); }
+TEST(StridedLayout, SoftmaxVarlenReference) { check_layout(varlen_case(), Backend::kCpuReference); }
+TEST(StridedLayout, HstuTiled) { check_layout(hstu_case(), Backend::kCpu); }
+TEST(StridedLayout, HstuReference) { check_layout(hstu_case(), Backend::kCpuReference); }
 
 }  // namespace
 }  // namespace cuteattn::test
