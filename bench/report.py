@@ -90,7 +90,8 @@ def _rows(run: Dict):
             if "skipped" in res:
                 continue
             for direction, m in res.items():
-                yield c, name, direction, m
+                if "skipped" not in m:  # a direction an isolated peer did not run (run_bench.CrashMemo)
+                    yield c, name, direction, m
 
 
 def write_csv(run: Dict, path: Path):
@@ -142,7 +143,11 @@ def markdown(run: Dict) -> str:
         elif m.get("check") and not m["check"]["ok"]:
             bad = [_failed_item(i) for i in m["check"]["items"] if not i["ok"]]
             problems.append(f"| {c['key']} | {name} | {direction} | check failed: {'; '.join(bad)} |")
-    lines += ["", "## Errors and failed checks", ""]
+    for c in run["cells"]:
+        for name, res in c["results"].items():
+            problems += [f"| {c['key']} | {name} | {d} | {m['skipped']} |" for d, m in res.items()
+                         if isinstance(m, dict) and "skipped" in m]  # fmt: skip
+    lines += ["", "## Errors, failed checks, directions not run", ""]
     lines += (["| cell | impl | direction | what |", "|---|---|---|---|"] + problems) if problems else ["none"]
     impls = run["implementations"]
     lines += ["", "## TFLOP/s per cell", "", "| cell | dir | " + " | ".join(impls) + " |",
@@ -152,7 +157,8 @@ def markdown(run: Dict) -> str:
             vals = []
             for name in impls:
                 m = c["results"].get(name, {}).get(d) if "skipped" not in c["results"].get(name, {}) else None
-                vals.append(_fmt(m.get("tflops")) if m and "tflops" in m else ("err" if m else "-"))
+                vals.append(_fmt(m.get("tflops")) if m and "tflops" in m else
+                            ("skip" if m and "skipped" in m else ("err" if m else "-")))  # fmt: skip
             if any(v != "-" for v in vals):
                 lines.append(f"| {c['key']} | {d} | " + " | ".join(vals) + " |")
     return "\n".join(lines) + "\n"

@@ -6,7 +6,12 @@ ratio ours/peer per cell. Writes <device>-<date>-<commit>.{json,csv,md} and PNG 
   python bench/run_bench.py --quick                         # the device-check subset
   python bench/run_bench.py --grid fa --grid hstu           # both full grids
   python bench/run_bench.py --kind fa --d 128 --seqlen 16384 --causal   # one cell
-  python bench/run_bench.py --grid hstu --triton-hstu ~/generative-recommenders
+  python bench/run_bench.py --grid hstu --triton-hstu ~/generative-recommenders --warm-jobs 12
+
+Isolated peers (the Triton HSTU kernel) run each measurement in a fresh process. `--warm-jobs N` first runs
+every such measurement once, N processes at a time and untimed, so that their compile caches (Triton compiles
+every autotune config on first use) are filled in parallel instead of one cell after another. An isolated peer
+whose direction crashed at some max_seqlen is not run again at that head dim for equal or longer sequences.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List
 
@@ -54,8 +60,11 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--commit", help="commit id for the file name (default: git, else $CUTEATTN_COMMIT)")
     p.add_argument("--child-timeout", type=float, default=900.0, help="seconds for one isolated measurement")
+    p.add_argument("--warm-jobs", type=int, default=0,
+                   help="fill the isolated peers' compile caches first, this many processes at a time")
     p.add_argument("--child", help=argparse.SUPPRESS)  # JSON cell: measure one implementation, print RESULT
     p.add_argument("--child-impl", help=argparse.SUPPRESS)
+    p.add_argument("--child-warm", action="store_true", help=argparse.SUPPRESS)  # run once, untimed
     return p.parse_args(argv)
 
 
@@ -118,15 +127,20 @@ def _timed_call(fn, args: List[torch.Tensor], direction: str, dout: torch.Tensor
     return lambda: list(torch.autograd.grad(out, leaves, dout, retain_graph=True))
 
 
-def measure_in_child(cell: Cell, impl: Impl, direction: str, args) -> Dict:
-    """Runs one implementation and direction in a fresh process, so a kernel that corrupts the CUDA context
-    cannot take the rest of the run with it (the tensors are rebuilt from the cell's seed)."""
+def child_command(cell: Cell, impl: Impl, direction: str, args) -> List[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cell.as_dict()), "--child-impl",
            impl.name, "--directions", direction, "--target-ms", str(args.target_ms)]  # fmt: skip
     if args.triton_hstu:
         cmd += ["--triton-hstu", args.triton_hstu]
     if args.no_check:
         cmd.append("--no-check")
+    return cmd
+
+
+def measure_in_child(cell: Cell, impl: Impl, direction: str, args) -> Dict:
+    """Runs one implementation and direction in a fresh process, so a kernel that corrupts the CUDA context
+    cannot take the rest of the run with it (the tensors are rebuilt from the cell's seed)."""
+    cmd = child_command(cell, impl, direction, args)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
     except subprocess.TimeoutExpired:
@@ -138,6 +152,58 @@ def measure_in_child(cell: Cell, impl: Impl, direction: str, args) -> Dict:
             return entry
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return {"error": f"child exited {proc.returncode}: " + " | ".join(tail)[:400], "isolated": True}
+
+
+def warm_isolated(cells: List[Cell], impls: Dict[str, Impl], directions: List[str], args):
+    """Runs every isolated measurement once, untimed, args.warm_jobs processes at a time (outcomes ignored: the
+    timed run records them)."""
+    cmds = [child_command(c, i, d, args) + ["--child-warm"] for c in cells for i in impls.values()
+            if i.isolate and not i.supports(c) for d in directions]  # fmt: skip
+    if not cmds:
+        return
+    t0 = time.time()
+
+    def run(cmd):
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=args.child_timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    with ThreadPoolExecutor(args.warm_jobs) as pool:
+        list(pool.map(run, cmds))
+    print(f"warmed {len(cmds)} isolated measurements in {time.time() - t0:.0f} s", file=sys.stderr)
+
+
+class CrashMemo:
+    """Remembers where an isolated peer's direction crashed (its process died), so the same head dim is not
+    run again at equal or longer sequences: each such crash costs a fresh process and a full autotune."""
+
+    def __init__(self):
+        self.crashed: Dict[tuple, Cell] = {}
+
+    def _key(self, cell: Cell, impl: Impl, direction: str) -> tuple:
+        return (impl.name, direction, cell.kind, cell.dtype, cell.d)
+
+    def reason(self, cell: Cell, impl: Impl, direction: str):
+        seen = self.crashed.get(self._key(cell, impl, direction))
+        if seen is not None and cell.seqlen >= seen.seqlen:
+            return f"not run: its process crashed at max_seqlen {seen.seqlen} ({seen.key}) in this run"
+        return None
+
+    def record(self, cell: Cell, impl: Impl, direction: str, entry: Dict):
+        if entry.get("error", "").startswith("child exited"):
+            key = self._key(cell, impl, direction)
+            if key not in self.crashed or cell.seqlen < self.crashed[key].seqlen:
+                self.crashed[key] = cell
+
+
+def isolated(cell: Cell, impl: Impl, direction: str, args, crashes: CrashMemo) -> Dict:
+    reason = crashes.reason(cell, impl, direction)
+    if reason:
+        return {"skipped": reason}
+    entry = measure_in_child(cell, impl, direction, args)
+    crashes.record(cell, impl, direction, entry)
+    return entry
 
 
 class Progress:
@@ -163,10 +229,20 @@ class Progress:
 def run_child(args):
     cell = Cell(**json.loads(args.child))
     impls = available(args.triton_hstu, None, args.backend)
+    inputs = Inputs(cell, torch.device("cuda"))
+    if args.child_warm:
+        warm(impls[args.child_impl], inputs, args.directions.split(","))
+        return
     timer = Timer(torch.device("cuda"), args.target_ms)
-    result = measure(impls[args.child_impl], Inputs(cell, torch.device("cuda")), args.directions.split(","), timer,
-                     not args.no_check)  # fmt: skip
+    result = measure(impls[args.child_impl], inputs, args.directions.split(","), timer, not args.no_check)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def warm(impl: Impl, inputs: Inputs, directions: List[str]):
+    fn = impl.make(inputs)
+    for direction in directions:
+        _timed_call(fn, [inputs.q, inputs.k, inputs.v], direction, inputs.dout)()
+    torch.cuda.synchronize()
 
 
 def main(argv=None):
@@ -183,6 +259,9 @@ def main(argv=None):
     run = report.environment(args.commit, list(impls))
     run["cuteattn_backend"] = args.backend
     run["matmul_tflops"] = {dt: round(matmul_ceiling(timer, DTYPES[dt]), 1) for dt in sorted({c.dtype for c in cells})}
+    if args.warm_jobs > 0:
+        warm_isolated(cells, impls, directions, args)
+    crashes = CrashMemo()
     progress = Progress(len(cells) * len(impls))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for cell in cells:
@@ -193,7 +272,7 @@ def main(argv=None):
             if reason:
                 entry["results"][name] = {"skipped": reason}
             elif impl.isolate:
-                entry["results"][name] = {d: measure_in_child(cell, impl, d, args) for d in directions}
+                entry["results"][name] = {d: isolated(cell, impl, d, args, crashes) for d in directions}
             else:
                 entry["results"][name] = measure(impl, inputs, directions, timer, not args.no_check)
             progress.step(f"{cell.key} {name}")
