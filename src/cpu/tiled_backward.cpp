@@ -200,9 +200,10 @@ void Backward::query_block(const BlockItem& item, int64_t head, BackwardScratch&
   const int64_t i0 = item.block * kBlockM, m = min64(kBlockM, seq.sq - i0);
   load_rows(seq, item.bi, head, i0, m, w);
   std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-  const Range keys = mask.key_range(i0, i0 + m);
+  const Range keys = mask.key_range(i0, i0 + m), hole = mask.key_hole(i0, i0 + m);
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockN) {
     const int64_t n = min64(kBlockN, keys.end - j0);
+    if (j0 >= hole.begin && j0 + n <= hole.end) continue;  // no row of the tile sees these keys
     load_k_tile_transposed(p, p.k, seq, item.bi, hk, j0, n, d, w.kt.data(), kBlockN, w.row.data());
     load_k_tile_transposed(p, p.v, seq, item.bi, hk, j0, n, dv, w.vt.data(), kBlockN, w.row.data());
     load_k_tile(p, p.k, seq, item.bi, hk, j0, n, d, w.k.data(), d_pad);

@@ -1,6 +1,7 @@
 // CPU tiled forward (FlashAttention-2): each work item is one (sequence, head, query block); it walks the key
-// blocks that Mask::key_range allows, computes S = Q K^T on float tiles, masks only tiles that are not fully
-// visible, and keeps a running max and sum per row (softmax, exp2 with log2(e) folded in) or applies SiLU (HSTU).
+// blocks that Mask::key_range allows (minus those inside Mask::key_hole), computes S = Q K^T on float tiles,
+// masks only tiles that are not fully visible, and keeps a running max and sum per row (softmax, exp2 with
+// log2(e) folded in) or applies SiLU (HSTU).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -67,9 +68,10 @@ void forward_block(const Params& p, const BlockItem& item, int64_t head, Forward
   std::fill(w.row_max.begin(), w.row_max.end(), neg_inf);
   std::fill(w.row_sum.begin(), w.row_sum.end(), 0.0f);
 
-  const Range keys = mask.key_range(i0, i0 + m);
+  const Range keys = mask.key_range(i0, i0 + m), hole = mask.key_hole(i0, i0 + m);
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockN) {
     const int64_t n = min64(kBlockN, keys.end - j0), n_pad = round_up16(n);
+    if (j0 >= hole.begin && j0 + n <= hole.end) continue;  // no row of the tile sees these keys
     load_k_tile_transposed(p, p.k, seq, item.bi, hk, j0, n, d, w.kt.data(), kBlockN, w.row.data());
     // Copied even for fp32: rows of a (s, h, d) tensor sit 4 KiB apart and alias in the L1 cache.
     load_k_tile(p, p.v, seq, item.bi, hk, j0, n, dv, w.v.data(), dv_pad);

@@ -80,8 +80,29 @@ struct Mask {
       r_lo = off;
       r_hi = max64(r_hi, min64(n_ctx, hist));
     }
-    if (hist < sk) r_hi = sk;                      // target rows reach every history key
+    if (hist < sk) {
+      // Target rows reach every history key; a target key j is seen only by target rows r >= j of its group.
+      r_hi = j0 < hist ? sk : max64(min64(r_hi, hist), group_start(j1 - 1) + group);
+    }
     return {max64(r_lo - off, 0), min64(r_hi - off, sq)};
+  }
+
+  // Keys inside key_range(i0, i1) that no row of [i0, i1) sees: target keys below the first target group the
+  // rows reach (a tile of target rows sees the history and its own groups only). Empty for all other masks.
+  // A subset of the hidden keys, so a kernel may skip every key block that lies inside it.
+  CUTEATTN_HD Range key_hole(int64_t i0, int64_t i1) const {
+    i0 = max64(i0, 0);
+    i1 = min64(i1, sq);
+    if (i0 >= i1 || hist >= sk) return {0, 0};
+    const int64_t r0 = i0 + off, r1 = i1 - 1 + off;
+    const int64_t ta = max64(r0, hist);  // first target row
+    if (ta > r1) return {0, 0};
+    int64_t begin = hist;
+    if (r0 < hist) {  // rows below hist see at most up to the window's right edge of the last of them
+      const int64_t last = min64(r1, hist - 1);
+      begin = max64(begin, right >= 0 ? last + right + 1 : sk);
+    }
+    return {begin, group_start(ta)};
   }
 
   // True when every (i, j) in [i0, i1) x [j0, j1) is visible, so the tile needs no element mask.
@@ -110,6 +131,12 @@ struct Mask {
     return true;
   }
 };
+
+// Key blocks [k * block, (k + 1) * block) that lie wholly inside `hole` (for skipping Mask::key_hole).
+CUTEATTN_HD Range blocks_inside(Range hole, int64_t block) {
+  if (hole.empty()) return {0, 0};
+  return {(max64(hole.begin, 0) + block - 1) / block, hole.end / block};
+}
 
 // The keys visible to row i as the union of two ranges (`second` is empty except for target rows), so a
 // kernel masks a tile row with interval tests instead of calling visible() per element.

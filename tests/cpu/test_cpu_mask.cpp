@@ -1,6 +1,6 @@
 // The shared mask policy (src/variants/mask.h) against the oracle's independent visibility rule: Mask::visible
-// agrees everywhere, key_range / row_range contain every visible pair, and tile_fully_visible never answers
-// true for a tile holding an invisible pair. Random small sequences, every mask kind, many tile shapes.
+// agrees everywhere, key_range / row_range contain every visible pair, key_hole holds no visible pair, and
+// tile_fully_visible never answers true for a tile holding an invisible pair. Random small sequences, every mask kind, many tile shapes.
 #include <random>
 #include <string>
 #include <vector>
@@ -84,7 +84,15 @@ void check_policy(Kind kind, int trials) {
                     << "key_range(" << i0 << ", " << i1 << ") = [" << keys.begin << ", " << keys.end
                     << ") misses (" << i << ", " << j << ")";
               }
+          const Range hole = m.key_hole(i0, i1);
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = std::max<int64_t>(hole.begin, 0); j < std::min(hole.end, sk); ++j)
+              ASSERT_FALSE(vis[i * sk + j]) << "key_hole(" << i0 << ", " << i1 << ") = [" << hole.begin << ", "
+                                            << hole.end << ") holds visible (" << i << ", " << j << ")";
           for (int64_t bn : {1, 4, 8, 16}) {
+            const Range skipped = detail::blocks_inside(hole, bn);
+            for (int64_t k = skipped.begin; k < skipped.end; ++k)
+              ASSERT_TRUE(hole.begin <= k * bn && (k + 1) * bn <= hole.end) << "blocks_inside block " << k;
             for (int64_t j0 = 0; j0 < sk; j0 += bn) {
               const int64_t j1 = std::min(j0 + bn, sk);
               if (!m.tile_fully_visible(i0, i1, j0, j1)) continue;
@@ -148,6 +156,33 @@ TEST(MaskPolicy, CausalKeyRangeIsExact) {
   EXPECT_EQ(rows.end, 100);
   EXPECT_TRUE(m.tile_fully_visible(48, 64, 0, 48));
   EXPECT_FALSE(m.tile_fully_visible(32, 48, 32, 48));
+}
+
+// Many targets in groups of 1: a tile of target rows sees the history and its own rows only, so the target
+// keys before it form a hole, and a target key block is seen by the rows of that block only.
+TEST(MaskPolicy, TargetTilesSkipOtherTargetKeys) {
+  Params p;
+  p.batch = 1;
+  p.seqlen_q = p.seqlen_k = 3072;
+  p.window_right = 0;
+  p.causal = true;
+  p.target_group_size = 1;
+  const int32_t targets = 1024;
+  p.num_targets = &targets;
+  const Mask m = Mask::of(p, SequenceInfo::of(p, 0), 0);
+  const Range hole = m.key_hole(2048 + 256, 2048 + 384);
+  EXPECT_EQ(hole.begin, 2048);
+  EXPECT_EQ(hole.end, 2048 + 256);
+  const Range blocks = detail::blocks_inside(hole, 128);
+  EXPECT_EQ(blocks.begin, 16);
+  EXPECT_EQ(blocks.end, 18);
+  EXPECT_TRUE(m.key_hole(1000, 1128).empty());  // history rows only
+  const Range mixed = m.key_hole(2000, 2128);   // history rows up to 2047 see keys up to 2047
+  EXPECT_EQ(mixed.begin, 2048);
+  EXPECT_EQ(mixed.end, 2048);
+  const Range rows = m.row_range(2048 + 128, 2048 + 256);
+  EXPECT_EQ(rows.begin, 2048 + 128);
+  EXPECT_EQ(rows.end, 2048 + 256);
 }
 
 }  // namespace

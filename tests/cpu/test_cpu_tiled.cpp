@@ -120,6 +120,22 @@ std::vector<CaseConfig> cases() {
     c.num_targets = {20, 11, 0, 64};
     c.target_group_size = 8;
   }));
+  // Many targets: query tiles of target rows skip the key blocks of other targets (Mask::key_hole), and key
+  // blocks of targets visit only their own rows (row_range).
+  v.push_back(with(hstu(kBf16, {700, 0, 450}, 2, 32), [](CaseConfig& c) {
+    c.causal = true;
+    c.rab_heads = 2;
+    c.drab = true;
+    c.num_targets = {500, 0, 300};
+  }));
+  v.push_back(with(hstu(kFp16, {900, 520}, 1, 32), [](CaseConfig& c) {
+    c.causal = true;
+    c.rab_heads = 1;
+    c.drab = true;
+    c.num_contexts = {40, 7};
+    c.num_targets = {600, 400};
+    c.target_group_size = 37;
+  }));
   v.push_back(with(hstu(kFp32, {70, 33}, 1, 16), [](CaseConfig& c) {
     c.window_left = 5;
     c.window_right = 9;
