@@ -9,9 +9,10 @@ ratio ours/peer per cell. Writes <device>-<date>-<commit>.{json,csv,md} and PNG 
   python bench/run_bench.py --grid hstu --triton-hstu ~/generative-recommenders --warm-jobs 12
 
 Isolated peers (the Triton HSTU kernel) run each measurement in a fresh process. `--warm-jobs N` first runs
-every such measurement once, N processes at a time and untimed, so that their compile caches (Triton compiles
-every autotune config on first use) are filled in parallel instead of one cell after another. An isolated peer
-whose direction crashed at some max_seqlen is not run again at that head dim for equal or longer sequences.
+every such measurement once, N processes at a time and untimed (the shortest sequence of each head dim first),
+so that their compile caches (Triton compiles every autotune config on first use) fill in parallel instead of
+one cell after another. An isolated direction whose process crashed at some max_seqlen, in the warm-up or
+timed, is not run again at that head dim for equal or longer sequences; the report says why.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -137,41 +138,28 @@ def child_command(cell: Cell, impl: Impl, direction: str, args) -> List[str]:
     return cmd
 
 
+def run_child(cmd: List[str], timeout: float) -> Dict:
+    """Runs a child process: its RESULT line as a dict ({} when it printed none and exited 0), or an error."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    if proc.returncode == 0:
+        return {}
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"child exited {proc.returncode}: " + " | ".join(tail)[:400]}
+
+
 def measure_in_child(cell: Cell, impl: Impl, direction: str, args) -> Dict:
     """Runs one implementation and direction in a fresh process, so a kernel that corrupts the CUDA context
     cannot take the rest of the run with it (the tensors are rebuilt from the cell's seed)."""
-    cmd = child_command(cell, impl, direction, args)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.child_timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            entry = json.loads(line[len("RESULT "):])[direction]
-            entry["isolated"] = True
-            return entry
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"child exited {proc.returncode}: " + " | ".join(tail)[:400], "isolated": True}
-
-
-def warm_isolated(cells: List[Cell], impls: Dict[str, Impl], directions: List[str], args):
-    """Runs every isolated measurement once, untimed, args.warm_jobs processes at a time (outcomes ignored: the
-    timed run records them)."""
-    cmds = [child_command(c, i, d, args) + ["--child-warm"] for c in cells for i in impls.values()
-            if i.isolate and not i.supports(c) for d in directions]  # fmt: skip
-    if not cmds:
-        return
-    t0 = time.time()
-
-    def run(cmd):
-        try:
-            subprocess.run(cmd, capture_output=True, timeout=args.child_timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-    with ThreadPoolExecutor(args.warm_jobs) as pool:
-        list(pool.map(run, cmds))
-    print(f"warmed {len(cmds)} isolated measurements in {time.time() - t0:.0f} s", file=sys.stderr)
+    result = run_child(child_command(cell, impl, direction, args), args.child_timeout)
+    entry = result if "error" in result else result[direction]
+    entry["isolated"] = True
+    return entry
 
 
 class CrashMemo:
@@ -179,22 +167,43 @@ class CrashMemo:
     run again at equal or longer sequences: each such crash costs a fresh process and a full autotune."""
 
     def __init__(self):
-        self.crashed: Dict[tuple, Cell] = {}
+        self.crashed: Dict[tuple, tuple] = {}  # key -> (cell, error)
 
-    def _key(self, cell: Cell, impl: Impl, direction: str) -> tuple:
+    @staticmethod
+    def key(cell: Cell, impl: Impl, direction: str) -> tuple:
         return (impl.name, direction, cell.kind, cell.dtype, cell.d)
 
-    def reason(self, cell: Cell, impl: Impl, direction: str):
-        seen = self.crashed.get(self._key(cell, impl, direction))
-        if seen is not None and cell.seqlen >= seen.seqlen:
-            return f"not run: its process crashed at max_seqlen {seen.seqlen} ({seen.key}) in this run"
+    def reason(self, cell: Cell, impl: Impl, direction: str) -> Optional[str]:
+        seen = self.crashed.get(self.key(cell, impl, direction))
+        if seen is not None and cell.seqlen >= seen[0].seqlen:
+            return f"not run: its process crashed at max_seqlen {seen[0].seqlen} ({seen[0].key}): {seen[1]}"
         return None
 
     def record(self, cell: Cell, impl: Impl, direction: str, entry: Dict):
         if entry.get("error", "").startswith("child exited"):
-            key = self._key(cell, impl, direction)
-            if key not in self.crashed or cell.seqlen < self.crashed[key].seqlen:
-                self.crashed[key] = cell
+            key = self.key(cell, impl, direction)
+            if key not in self.crashed or cell.seqlen < self.crashed[key][0].seqlen:
+                self.crashed[key] = (cell, entry["error"])
+
+
+def warm_isolated(cells: List[Cell], impls: Dict[str, Impl], directions: List[str], args, crashes: CrashMemo):
+    """Runs every isolated measurement once, untimed, args.warm_jobs processes at a time: first the shortest
+    sequence of each head dim, then the rest that did not crash there. Crashes go to the memo."""
+    jobs = [(c, i, d) for c in cells for i in impls.values() if i.isolate and not i.supports(c) for d in directions]
+    shortest: Dict[tuple, int] = {}
+    for job in jobs:
+        shortest[CrashMemo.key(*job)] = min(shortest.get(CrashMemo.key(*job), job[0].seqlen), job[0].seqlen)
+    first = [job for job in jobs if job[0].seqlen == shortest[CrashMemo.key(*job)]]
+    t0, count = time.time(), 0
+    for stage in (first, [job for job in jobs if job not in first]):
+        todo = [job for job in stage if not crashes.reason(*job)]
+        count += len(todo)
+        with ThreadPoolExecutor(args.warm_jobs) as pool:
+            outcomes = list(pool.map(lambda job: run_child(child_command(*job, args) + ["--child-warm"],
+                                                           args.child_timeout), todo))  # fmt: skip
+        for job, outcome in zip(todo, outcomes):
+            crashes.record(*job, outcome)
+    print(f"warmed {count} isolated measurements in {time.time() - t0:.0f} s", file=sys.stderr)
 
 
 def isolated(cell: Cell, impl: Impl, direction: str, args, crashes: CrashMemo) -> Dict:
@@ -226,7 +235,7 @@ class Progress:
         sys.stderr.flush()
 
 
-def run_child(args):
+def child_main(args):
     cell = Cell(**json.loads(args.child))
     impls = available(args.triton_hstu, None, args.backend)
     inputs = Inputs(cell, torch.device("cuda"))
@@ -250,7 +259,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("run_bench.py needs a CUDA device")
     if args.child:
-        return run_child(args)
+        return child_main(args)
     directions = args.directions.split(",")
     impls = available(args.triton_hstu, args.peers.split(",") if args.peers else None, args.backend)
     cells = select_cells(args)
@@ -259,9 +268,9 @@ def main(argv=None):
     run = report.environment(args.commit, list(impls))
     run["cuteattn_backend"] = args.backend
     run["matmul_tflops"] = {dt: round(matmul_ceiling(timer, DTYPES[dt]), 1) for dt in sorted({c.dtype for c in cells})}
-    if args.warm_jobs > 0:
-        warm_isolated(cells, impls, directions, args)
     crashes = CrashMemo()
+    if args.warm_jobs > 0:
+        warm_isolated(cells, impls, directions, args, crashes)
     progress = Progress(len(cells) * len(impls))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for cell in cells:

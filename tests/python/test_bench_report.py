@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import report  # noqa: E402
+import run_bench  # noqa: E402
 from cells import hstu_cell  # noqa: E402
 from peers import Impl  # noqa: E402
 from run_bench import CrashMemo  # noqa: E402
@@ -33,8 +34,27 @@ def test_crash_memo_skips_equal_or_longer_sequences_of_the_same_head_dim():
     assert memo.reason(short, peer, "bwd") and memo.reason(long, peer, "bwd")
     assert memo.reason(long, peer, "fwd") is None
     assert memo.reason(other_d, peer, "bwd") is None
+    assert "illegal memory access" in memo.reason(long, peer, "bwd")
     memo.record(other_d, peer, "fwd", {"error": "timed out after 900 s"})  # not a crash
     assert memo.reason(other_d, peer, "fwd") is None
+
+
+def test_warm_up_runs_the_shortest_sequences_first_and_not_past_a_crash(monkeypatch):
+    cells = [hstu_cell(128, s, False, False) for s in (2048, 1024, 4096)]
+    ran = []
+
+    def fake_child(cmd, timeout):
+        cell, direction = json.loads(cmd[cmd.index("--child") + 1]), cmd[cmd.index("--directions") + 1]
+        ran.append((cell["seqlen"], direction))
+        return {"error": "child exited 1: illegal memory access"} if direction == "bwd" else {}
+
+    monkeypatch.setattr(run_bench, "run_child", fake_child)
+    args = run_bench.parse_args(["--grid", "hstu", "--warm-jobs", "1"])
+    memo = CrashMemo()
+    run_bench.warm_isolated(cells, {"peer": _Peer()}, ["fwd", "bwd"], args, memo)
+    assert ran[:2] == [(1024, "fwd"), (1024, "bwd")]
+    assert sorted(ran[2:]) == [(2048, "fwd"), (4096, "fwd")]
+    assert memo.reason(cells[0], _Peer(), "bwd") and memo.reason(cells[0], _Peer(), "fwd") is None
 
 
 def test_reports_list_skipped_directions_and_keep_ratios(tmp_path):
