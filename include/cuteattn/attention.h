@@ -54,6 +54,13 @@ struct ForwardArgs {
   Problem problem;
   Tensor out;  // fixed (b, s_q, h, d_v) / varlen (total_q, h, d_v), dtype of q
   Tensor lse;  // softmax: optional float32, contiguous (b, h, s_q) / varlen (h, total_q); HSTU: absent
+
+  // Scratch for GPU backends (>= forward_workspace_bytes; the sm90 kernels' tile counter when masks or varlen
+  // schedule tiles dynamically). When null the library uses a small buffer it keeps per (device, stream); pass
+  // one when calls that share a stream may run concurrently (e.g. a CUDA graph replayed on another stream).
+  // CPU backends ignore it.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct BackwardArgs {
@@ -78,7 +85,8 @@ Status check_backward(const BackwardArgs& args);
 Status attention_forward(const ForwardArgs& args);
 Status attention_backward(const BackwardArgs& args);
 
-// Bytes of GPU scratch attention_backward needs for these arguments (0 on the CPU).
+// Bytes of GPU scratch attention_forward / attention_backward need for these arguments (0 on the CPU).
+size_t forward_workspace_bytes(const ForwardArgs& args);
 size_t backward_workspace_bytes(const BackwardArgs& args);
 
 // The backend a call would run on (kAuto resolved for this device and problem), after checking the args.

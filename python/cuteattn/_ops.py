@@ -83,6 +83,14 @@ class _on_device:
             self.guard.__exit__(*exc)
 
 
+def _forward(problem, out: Tensor, lse: Optional[Tensor]) -> None:
+    """Runs the forward pass with a torch-allocated workspace (the tile counter of dynamically scheduled sm90
+    kernels; none for most calls), so the library keeps no scratch of its own on torch's streams."""
+    nbytes = _C.forward_workspace_bytes(problem, _dl(out), _dl(lse))
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=out.device) if nbytes else None
+    _C.forward(problem, _dl(out), _dl(lse), workspace=_dl(workspace))
+
+
 def _backward(problem, tensors, deterministic: bool, device: torch.device) -> None:
     """Runs the backward pass with a torch-allocated workspace (a capsule is consumed by one binding call, so
     each call gets fresh ones)."""
@@ -144,7 +152,7 @@ def fwd(
     with _on_device(q):
         problem = _softmax_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                    causal, window_left, window_right, softcap, backend)  # fmt: skip
-        _C.forward(problem, _dl(out), _dl(lse))
+        _forward(problem, out, lse)
     return out, lse
 
 
@@ -240,7 +248,7 @@ def hstu_fwd(
         problem = _hstu_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scaling_seqlen,
                                 num_contexts, num_targets, target_group_size, window_left, window_right, alpha,
                                 rab, causal, backend)  # fmt: skip
-        _C.forward(problem, _dl(out), None)
+        _forward(problem, out, None)
     return out
 
 

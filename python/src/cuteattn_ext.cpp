@@ -1,6 +1,6 @@
 // The nanobind module `cuteattn._cuteattn`: turns DLPack arrays (CPU or CUDA, from any framework; torch is
-// never linked) into cuteattn::Tensor views and calls the C++ API. Outputs and the backward workspace are
-// allocated by the caller, so a framework's caching allocator and CUDA graph capture keep working.
+// never linked) into cuteattn::Tensor views and calls the C++ API. Outputs and the forward and backward
+// workspaces are allocated by the caller, so a framework's caching allocator and CUDA graph capture keep working.
 //
 // Errors: StatusCode::kInvalidArgument -> ValueError, kNotSupported -> NotImplementedError (a subclass of
 // RuntimeError in Python), every other failure -> RuntimeError; the message is the library's.
@@ -168,11 +168,26 @@ void init_problem(ProblemHolder* self, const std::string& score, Array q, Array 
   new (self) ProblemHolder(std::move(h));
 }
 
-void forward(ProblemHolder& h, Array out, Array lse) {
+cuteattn::ForwardArgs forward_args(ProblemHolder& h, const Array& out, const Array& lse) {
   cuteattn::ForwardArgs args;
   args.problem = h.problem;
   args.out = view(out, "out", h.device);
   args.lse = view(lse, "lse", h.device);
+  return args;
+}
+
+// No argument check of its own (0 for arguments the call will refuse): forward checks them once.
+size_t forward_workspace_bytes(ProblemHolder& h, Array out, Array lse) {
+  return cuteattn::forward_workspace_bytes(forward_args(h, out, lse));
+}
+
+void forward(ProblemHolder& h, Array out, Array lse, Array workspace) {
+  cuteattn::ForwardArgs args = forward_args(h, out, lse);
+  if (workspace.is_valid()) {
+    h.device.check(workspace, "workspace");
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.nbytes();
+  }
   cuteattn::Status status;
   {
     nb::gil_scoped_release release;
@@ -221,10 +236,7 @@ void backward(ProblemHolder& h, Array out, Array lse, Array dout, Array dq, Arra
 }
 
 std::string resolve_forward(ProblemHolder& h, Array out, Array lse) {
-  cuteattn::ForwardArgs args;
-  args.problem = h.problem;
-  args.out = view(out, "out", h.device);
-  args.lse = view(lse, "lse", h.device);
+  cuteattn::ForwardArgs args = forward_args(h, out, lse);
   cuteattn::Backend chosen = cuteattn::Backend::kAuto;
   raise_if_failed(cuteattn::resolve_backend(args, &chosen));
   return backend_str(chosen);
@@ -244,7 +256,9 @@ NB_MODULE(_cuteattn, m) {
            "rab"_a.none() = nb::none(), "num_contexts"_a.none() = nb::none(), "num_targets"_a.none() = nb::none(),
            "target_group_size"_a = 1, "backend"_a = "auto", "stream"_a = 0, "num_threads"_a = 0);
 
-  m.def("forward", &forward, "problem"_a, "out"_a, "lse"_a.none() = nb::none(),
+  m.def("forward_workspace_bytes", &forward_workspace_bytes, "problem"_a, "out"_a, "lse"_a.none() = nb::none(),
+        "The bytes of device scratch attention_forward needs (0 on the CPU and for arguments it refuses).");
+  m.def("forward", &forward, "problem"_a, "out"_a, "lse"_a.none() = nb::none(), "workspace"_a.none() = nb::none(),
         "Run the forward pass into the caller's `out` (and `lse` for softmax).");
   m.def("resolve_forward_backend", &resolve_forward, "problem"_a, "out"_a, "lse"_a.none() = nb::none(),
         "Checks the forward arguments and names the backend the call would run on (ref, cpu, sm80, sm90).");

@@ -552,7 +552,9 @@ Status check_device_data(const Problem& p, const Dims& dims) {
 
 }  // namespace
 
-Status check_forward(const ForwardArgs& args) {
+namespace detail {
+
+Status check_forward_arguments(const ForwardArgs& args, bool read_device_data) {
   const Problem& p = args.problem;
   Dims dims;
   Status s = check_problem(p, &dims);
@@ -564,6 +566,8 @@ Status check_forward(const ForwardArgs& args) {
     s = check_lse(p, args.lse, dims);
     if (!s.ok()) return s;
   }
+  if (args.workspace == nullptr && args.workspace_bytes != 0)
+    return Status::Invalid("workspace", "null with workspace_bytes = " + std::to_string(args.workspace_bytes));
 #if CUTEATTN_WITH_CUDA
   if (p.device == DeviceKind::kCuda) {
     s = check_cuda_pointer(p, "out", args.out);
@@ -571,8 +575,12 @@ Status check_forward(const ForwardArgs& args) {
     if (!s.ok()) return s;
   }
 #endif
-  return check_device_data(p, dims);
+  return read_device_data ? check_device_data(p, dims) : Status::Ok();
 }
+
+}  // namespace detail
+
+Status check_forward(const ForwardArgs& args) { return detail::check_forward_arguments(args, true); }
 
 namespace detail {
 

@@ -5,8 +5,9 @@
 
 namespace cuteattn::detail {
 
-// check_backward, with the reads of cu_seqlens / context / target contents (a device-to-host copy and a stream
+// check_forward / check_backward, with the reads of cu_seqlens / context / target contents (a device-to-host copy and a stream
 // sync on CUDA) only when read_device_data is set.
+Status check_forward_arguments(const ForwardArgs& args, bool read_device_data);
 Status check_backward_arguments(const BackwardArgs& args, bool read_device_data);
 
 }  // namespace cuteattn::detail

@@ -44,7 +44,7 @@ Status attention_forward(const ForwardArgs& args) {
   switch (backend) {
     case Backend::kCpuReference: return detail::cpu::reference_forward(params);
     case Backend::kCpu: return detail::cpu::tiled_forward(params);
-    default: return detail::gpu_forward(params, backend);
+    default: return detail::gpu_forward(params, backend, args.workspace, args.workspace_bytes);
   }
 }
 
@@ -62,13 +62,22 @@ Status attention_backward(const BackwardArgs& args) {
   }
 }
 
+size_t forward_workspace_bytes(const ForwardArgs& args) {
+  // Shapes only, as for the backward.
+  if (args.problem.device != DeviceKind::kCuda || !detail::check_forward_arguments(args, false).ok()) return 0;
+  const detail::Params params = detail::build_forward_params(args);
+  Backend backend;
+  if (!resolve(params, args.problem, false, &backend).ok()) return 0;
+  return detail::gpu_workspace_bytes(params, backend, false);
+}
+
 size_t backward_workspace_bytes(const BackwardArgs& args) {
   // The size depends on shapes only: the device-data checks (a host copy and a sync) run once, in the call itself.
   if (args.problem.device != DeviceKind::kCuda || !detail::check_backward_arguments(args, false).ok()) return 0;
   const detail::Params params = detail::build_backward_params(args);
   Backend backend;
   if (!resolve(params, args.problem, true, &backend).ok()) return 0;
-  return detail::gpu_backward_workspace_bytes(params, backend);
+  return detail::gpu_workspace_bytes(params, backend, true);
 }
 
 }  // namespace cuteattn

@@ -8,6 +8,10 @@
 
 #if CUTEATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <utility>
 #endif
 
 namespace cuteattn::detail {
@@ -25,13 +29,19 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     cudaGetDevice(&previous_);
-    if (previous_ != device) status_ = cuda_status(cudaSetDevice(device), "cudaSetDevice");
+    if (previous_ != device) {
+      status_ = cuda_status(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
   const Status& status() const { return status_; }
 
  private:
   int previous_ = 0;
+  bool switched_ = false;
   Status status_;
 };
 
@@ -62,11 +72,55 @@ Status find_entry(const Params& p, Backend backend, bool backward, const KernelE
                               " in this build (compiled head dims: " + (n ? compiled : "none") + ")");
 }
 
-int compute_capability(int device) {
+int query_compute_capability(int device) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   return major * 10 + minor;
+}
+
+// Asked on every call: queried once per device (devices past the table are queried each time).
+int compute_capability(int device) {
+  constexpr int kCached = 64;
+  static std::once_flag once[kCached];
+  static int cached[kCached];
+  if (device < 0 || device >= kCached) return query_compute_capability(device);
+  std::call_once(once[device], [device] { cached[device] = query_compute_capability(device); });
+  return cached[device];
+}
+
+// Forward scratch for calls without a workspace: one zeroed buffer per (device, stream), allocated on first use
+// and kept for the life of the process. Calls on one stream run in order, and the forward kernels leave the
+// buffer as they found it (the sm90 tile counter returns to zero), so the calls of a stream share it.
+// *out stays null when the buffer would have to be allocated while the stream is being captured (cudaMalloc
+// is not allowed then): the caller allocates for the call instead.
+Status stream_scratch(int device, cudaStream_t stream, size_t bytes, void** out) {
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, Buffer> buffers;
+  std::lock_guard<std::mutex> lock(mutex);
+  Buffer& b = buffers[{device, stream}];
+  *out = nullptr;
+  if (b.bytes < bytes) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    Status s = cuda_status(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (!s.ok() || capture != cudaStreamCaptureStatusNone) return s;
+    void* fresh = nullptr;
+    s = cuda_status(cudaMalloc(&fresh, bytes), "cudaMalloc(forward scratch)");
+    if (s.ok()) s = cuda_status(cudaMemset(fresh, 0, bytes), "cudaMemset(forward scratch)");
+    if (!s.ok()) {
+      cudaFree(fresh);
+      return s;
+    }
+    // The old buffer may still be in use by work queued on the stream.
+    if (b.ptr != nullptr) cudaFreeAsync(b.ptr, stream);
+    b = {fresh, bytes};
+  }
+  *out = b.ptr;
+  return Status::Ok();
 }
 
 Status run(const Params& p, Backend backend, bool backward, void* workspace, size_t workspace_bytes) {
@@ -90,9 +144,15 @@ Status run(const Params& p, Backend backend, bool backward, void* workspace, siz
     if (workspace != nullptr)
       return Status::Invalid("workspace", std::to_string(workspace_bytes) + " bytes given, " +
                                               std::to_string(need) + " needed");
-    s = cuda_status(cudaMallocAsync(&owned, need, stream), "cudaMallocAsync(workspace)");
-    if (!s.ok()) return s;
-    workspace = owned;
+    if (!backward) {
+      s = stream_scratch(p.device_index, stream, need, &workspace);
+      if (!s.ok()) return s;
+    }
+    if (workspace == nullptr) {
+      s = cuda_status(cudaMallocAsync(&owned, need, stream), "cudaMallocAsync(workspace)");
+      if (!s.ok()) return s;
+      workspace = owned;
+    }
   }
   s = entry->launch(p, workspace);
   if (owned) {
@@ -116,15 +176,17 @@ Status resolve_gpu_backend(const Params& p, bool backward, Backend* chosen) {
   return Status::Ok();
 }
 
-Status gpu_forward(const Params& p, Backend backend) { return run(p, backend, false, nullptr, 0); }
+Status gpu_forward(const Params& p, Backend backend, void* workspace, size_t workspace_bytes) {
+  return run(p, backend, false, workspace, workspace_bytes);
+}
 
 Status gpu_backward(const Params& p, Backend backend, void* workspace, size_t workspace_bytes) {
   return run(p, backend, true, workspace, workspace_bytes);
 }
 
-size_t gpu_backward_workspace_bytes(const Params& p, Backend backend) {
+size_t gpu_workspace_bytes(const Params& p, Backend backend, bool backward) {
   const KernelEntry* entry = nullptr;
-  if (!find_entry(p, backend, true, &entry).ok()) return 0;
+  if (!find_entry(p, backend, backward, &entry).ok()) return 0;
   return entry->workspace_bytes(p);
 }
 
@@ -137,9 +199,9 @@ Status no_cuda() {
 }  // namespace
 
 Status resolve_gpu_backend(const Params&, bool, Backend*) { return no_cuda(); }
-Status gpu_forward(const Params&, Backend) { return no_cuda(); }
+Status gpu_forward(const Params&, Backend, void*, size_t) { return no_cuda(); }
 Status gpu_backward(const Params&, Backend, void*, size_t) { return no_cuda(); }
-size_t gpu_backward_workspace_bytes(const Params&, Backend) { return 0; }
+size_t gpu_workspace_bytes(const Params&, Backend, bool) { return 0; }
 
 #endif
 

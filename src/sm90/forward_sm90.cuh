@@ -18,6 +18,7 @@
 
 #include "core/params.h"
 #include "cuteattn/attention.h"
+#include "sm90/device_cache_sm90.h"
 #include "sm90/epilogue_sm90.cuh"
 #include "sm90/hstu_sm90.cuh"
 #include "sm90/kernel_traits_sm90.cuh"
@@ -38,6 +39,7 @@ struct ForwardKernelParams {
   detail::Params params;
   TileScheduler scheduler;
   int* tile_counter;  // dynamic scheduling (masks or jagged lengths make tile costs vary); null = static
+  int heads_per_kv;   // h / h_k
   ScoreTransform score;
   typename Traits::TmaRab tma_rab;       // HSTU with rab only
   typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     if (Traits::kHstu && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
     ss.barrier_q.init(1);
+    TileHandoff<kNumMmaThreads>::init(ss.handoff);
   }
   typename PipelineKV::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
@@ -81,21 +84,18 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp_idx != 0) return;
-    PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
-    PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
-    PipelineState write_rab = cutlass::make_producer_start_state<PipelineKV>();
-    const TileHandoff<kNumMmaThreads> handoff{kp.tile_counter, &ss.next_tile};
-    bool first = true;
+    TileHandoff<kNumMmaThreads> handoff;
+    uint32_t loaded = 0;  // K/V blocks loaded so far
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
-      const int claimed = handoff.producer_claim(tile);
-      const TileWork w = TileWork::plan<kBlockM, kBlockN>(kp.params, kp.scheduler.decode(tile));
+      const int claimed = handoff.producer_claim(kp.tile_counter, tile);
+      const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
       if (w.has_rows() && w.has_keys()) {
         // Q's buffer holds the previous tile's Q until both consumer warpgroups finished their last Q K^T.
-        if (!first) barrier_sync(kNumMmaThreads + 32, FwdBarrier::kQueryEmpty);
-        first = false;
-        Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, write_k, write_v, write_rab, w);
+        if (loaded != 0) barrier_sync(kNumMmaThreads + 32, FwdBarrier::kQueryEmpty);
+        Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, w);
+        loaded += uint32_t(w.n_max - w.n_min);
       }
-      tile = handoff.producer_publish(claimed);
+      tile = handoff.producer_publish(kp.tile_counter, ss.handoff, kp.scheduler.num_tiles, claimed);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
@@ -104,10 +104,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     sched.init();
     PipelineState read_k, read_v, read_rab;
     int q_phase = 0;
-    const TileHandoff<kNumMmaThreads> handoff{kp.tile_counter, &ss.next_tile};
-    handoff.consumer_init();
-    for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles; tile = handoff.consumer_next(tile)) {
-      const TileWork w = TileWork::plan<kBlockM, kBlockN>(kp.params, kp.scheduler.decode(tile));
+    TileHandoff<kNumMmaThreads> handoff;
+    for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;
+         tile = handoff.consumer_next(kp.tile_counter, ss.handoff, tile)) {
+      const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
       if (!w.has_rows()) continue;
       if (!w.has_keys()) {
         Epilogue::store_empty(kp.params, w, tid);
@@ -150,37 +150,38 @@ struct Sm90Forward {
 
   static Status supports(const Params& p) {
     static_assert(kScore == ScoreFunction::kSoftmax || kScore == ScoreFunction::kHstuSilu);
-    const std::string who = std::string("sm90 forward (") + (kHstu ? "hstu" : "softmax") + ", head dim " +
-                            std::to_string(kHeadDim) + "): ";
-    if (p.score != kScore) return Status::NotSupported(who + "score function mismatch");
-    if (p.dtype != kDType) return Status::NotSupported(who + "dtype mismatch");
-    if (p.head_dim != p.head_dim_v)
-      return Status::NotSupported(who + "needs d == d_v (the sm80 kernel serves d != d_v)");
-    if (p.head_dim > kHeadDim || p.head_dim % 8 != 0)
-      return Status::NotSupported(who + "needs d <= bucket and d % 8 == 0");
+    // Dispatch asks on every call: the message is built only for a refusal.
+    auto refuse = [](const char* why) {
+      return Status::NotSupported(std::string("sm90 forward (") + (kHstu ? "hstu" : "softmax") + ", head dim " +
+                                  std::to_string(kHeadDim) + "): " + why);
+    };
+    if (p.score != kScore) return refuse("score function mismatch");
+    if (p.dtype != kDType) return refuse("dtype mismatch");
+    if (p.head_dim != p.head_dim_v) return refuse("needs d == d_v (the sm80 kernel serves d != d_v)");
+    if (p.head_dim > kHeadDim || p.head_dim % 8 != 0) return refuse("needs d <= bucket and d % 8 == 0");
     if (kHstu) {
-      if (p.heads_k != p.heads) return Status::NotSupported(who + "HSTU needs h_k == h");
+      if (p.heads_k != p.heads) return refuse("HSTU needs h_k == h");
       if (p.rab != nullptr) {
         // TMA of the rab tiles: 16-byte aligned base and strides, and 32-bit coordinates.
         constexpr int64_t kVec = 16 / sizeof(Element);
-        if (p.rab_heads != 1 && p.rab_heads != p.heads) return Status::NotSupported(who + "rab heads must be 1 or h");
+        if (p.rab_heads != 1 && p.rab_heads != p.heads) return refuse("rab heads must be 1 or h");
         if (reinterpret_cast<uintptr_t>(p.rab) % 16 != 0 || p.rab_row_stride % kVec != 0 ||
             p.rab_head_stride % kVec != 0 || p.rab_batch_stride % kVec != 0)
-          return Status::NotSupported(who + "needs a 16-byte aligned rab with 16-byte multiple strides");
+          return refuse("needs a 16-byte aligned rab with 16-byte multiple strides");
         if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31))
-          return Status::NotSupported(who + "rab beyond 32-bit TMA coordinates");
+          return refuse("rab beyond 32-bit TMA coordinates");
       }
     } else {
-      if (!(p.scale > 0.0f)) return Status::NotSupported(who + "needs softmax_scale > 0");
+      if (!(p.scale > 0.0f)) return refuse("needs softmax_scale > 0");
       if (p.num_contexts != nullptr || p.num_targets != nullptr)
-        return Status::NotSupported(who + "contextual/target masks are HSTU only");
+        return refuse("contextual/target masks are HSTU only");
     }
     const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
     const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
     const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
     if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31) || p.heads >= (int64_t(1) << 31) ||
         m_blocks * p.heads * p.batch >= (int64_t(1) << 31))
-      return Status::NotSupported(who + "sizes beyond 32-bit TMA coordinates / tile counts");
+      return refuse("sizes beyond 32-bit TMA coordinates / tile counts");
     // TMA: 16-byte aligned base and 16-byte multiple strides (the epilogue's 16-byte stores need the same).
     auto aligned = [](const RowMajorView& t) {
       constexpr int64_t kVec = 16 / sizeof(Element);
@@ -188,12 +189,13 @@ struct Sm90Forward {
              t.head_stride % kVec == 0 && t.batch_stride % kVec == 0;
     };
     if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.o))
-      return Status::NotSupported(who + "needs 16-byte aligned pointers and strides");
+      return refuse("needs 16-byte aligned pointers and strides");
     return Status::Ok();
   }
 
   // Masks and jagged lengths make the work vary per tile: tiles are then scheduled dynamically
-  // (tile_scheduler_sm90.cuh) from a counter.
+  // (tile_scheduler_sm90.cuh) from a counter, the workspace's first int. launch zeroes it on the stream (a
+  // caller's workspace may hold anything); the kernel leaves it zero.
   static bool dynamic_schedule(const Params& p) { return p.window_right >= 0 || p.window_left >= 0 || p.varlen; }
   static size_t workspace_bytes(const Params& p) { return dynamic_schedule(p) ? 16 : 0; }
 
@@ -229,14 +231,13 @@ struct Sm90Forward {
         p,
         {},
         nullptr,
+        int(p.heads / p.heads_k),
         {},
         {},
         {}};
 
-    int device = 0, num_sms = 0, l2_bytes = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+    // Dispatch made p.device_index current.
+    const sm90::DeviceProperties device = sm90::device_properties(p.device_index);
 
     sm90::TileScheduler& sch = kp.scheduler;
     sch.num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
@@ -246,10 +247,11 @@ struct Sm90Forward {
     sch.longest_first = p.window_right >= 0;
     const int64_t kv_bytes_per_head =
         std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / p.heads);
-    sch.section = int(std::min<int64_t>(std::max<int64_t>(1, l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
+    sch.section = int(std::min<int64_t>(std::max<int64_t>(1, device.l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
     if (sch.num_tiles == 0) return Status::Ok();
     auto stream = static_cast<cudaStream_t>(p.stream);
-    if (dynamic_schedule(p) && workspace != nullptr) {
+    if (dynamic_schedule(p)) {
+      if (workspace == nullptr) return Status::Invalid("workspace", "null, but this call needs 16 bytes");
       kp.tile_counter = static_cast<int*>(workspace);
       const cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
       if (err != cudaSuccess)
@@ -275,10 +277,10 @@ struct Sm90Forward {
 
     auto kernel = sm90::forward_kernel_sm90<Traits>;
     constexpr int kSmem = Traits::kSmemBytes;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    cudaError_t err = sm90::opt_in_shared_memory<Traits>(kernel, kSmem, p.device_index);
     if (err != cudaSuccess)
       return {StatusCode::kCudaError, std::string("sm90 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
-    const int grid = std::min(sch.num_tiles, std::max(num_sms, 1));
+    const int grid = std::min(sch.num_tiles, std::max(device.num_sms, 1));
     kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(kp);
     err = cudaGetLastError();
     if (err != cudaSuccess)

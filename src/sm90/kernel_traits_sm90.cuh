@@ -11,6 +11,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cuteattn/types.h"
+#include "sm90/tile_scheduler_sm90.cuh"
 
 namespace cuteattn::sm90 {
 
@@ -135,7 +136,7 @@ struct ForwardTraitsSm90 {
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     alignas(16) typename PipelineKV::SharedStorage pipeline_v;
     alignas(16) typename PipelineKV::SharedStorage pipeline_rab;  // HSTU with rab only
-    int next_tile;  // dynamic tile scheduling: producer -> consumers
+    alignas(16) TileHandoffStorage handoff;  // dynamic tile scheduling: producer -> consumers
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm90 CTA exceeded");

@@ -75,13 +75,19 @@ struct ForwardMainloopSm90 {
   // sequence's end read the next sequence and are masked (K) or never stored (Q). The rab tile of block n
   // is rows [m0 + off, m0 + off + kBlockM) (key positions of the tile's query rows) x the block's keys of
   // rab[batch, head or 0]; past max_seqlen_k TMA zero-fills, past the sequence the entries are masked.
+  // `loaded`: K/V blocks the producer loaded before this tile. K, V and rab (when present) advance their rings
+  // together, one slot per block, so their write positions follow from it: the producer keeps one counter
+  // instead of three pipeline states (its warp runs on 24 registers).
   template <class KernelParams>
   CUTE_DEVICE static void load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, PipelineState& write_k,
-                               PipelineState& write_v, PipelineState& write_rab, TileWork const& w) {
+                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, uint32_t loaded, TileWork const& w) {
     const detail::Params& p = kp.params;
+    // The producer's start phase is 1: the ring starts empty.
+    PipelineState write_k(int(loaded % Traits::kStages), ((loaded / Traits::kStages) & 1) ^ 1, loaded);
+    PipelineState write_v = write_k;
+    PipelineState write_rab = write_k;
     const int batch = p.varlen ? 0 : w.coord.batch;
-    const int kv_head = int(w.coord.head / (p.heads / p.heads_k));
+    const int kv_head = w.coord.head / kp.heads_per_kv;
     cute::Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
     cute::Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);  // (rows_k, d, h_k, b)
     cute::Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_k);  // (rows_k, d, h_k, b)

@@ -10,8 +10,6 @@ enum class FwdBarrier : uint32_t {
   kQueryEmpty = 0,     // consumers (arrive) -> producer warp (sync): Q smem of the last tile is free
   kMmaSchedWG0 = 1,    // pingpong: warpgroup 0 may issue its wgmmas
   kMmaSchedWG1 = 2,    // pingpong: warpgroup 1 may issue its wgmmas
-  kTileFull = 3,       // producer warp (arrive) -> consumers (sync): the next tile index is in smem
-  kTileEmpty = 4,      // consumers (arrive) -> producer warp (sync): the smem tile index was read
 };
 
 CUTE_DEVICE void barrier_sync(uint32_t threads, FwdBarrier id) {

@@ -9,8 +9,7 @@
 #include <cstdint>
 
 #include <cute/tensor.hpp>
-
-#include "sm90/named_barriers_sm90.cuh"
+#include <cutlass/arch/barrier.h>
 
 #include "core/host_device.h"
 #include "core/params.h"
@@ -53,36 +52,58 @@ struct TileScheduler {
   }
 };
 
+// Shared memory of the dynamic handoff: one slot and its two mbarriers.
+struct TileHandoffStorage {
+  cutlass::arch::ClusterBarrier full;   // 1 arrival (a producer lane): the slot holds the next tile
+  cutlass::arch::ClusterBarrier empty;  // one arrival per consumer thread: every consumer has read the slot
+  int next_tile;
+};
+
+// The producer warp claims tiles from the global counter and passes each to its consumers through one smem slot.
+// Both directions synchronise on mbarriers (release on arrive, acquire on wait), which compute-sanitizer's
+// racecheck models; bar.sync/bar.arrive pairs it does not. Each side tracks the phase it waits for; the producer
+// starts one phase ahead, so its first wait on `empty` passes at once.
+// The counter (a kernel parameter) and the storage (a fixed smem address) are passed to every call; the
+// object holds only its phase.
 template <int kNumMmaThreads>
 struct TileHandoff {
-  int* counter;    // global, zeroed before the launch; null = static round-robin
-  int* smem_next;  // one slot, guarded by kTileFull / kTileEmpty
-  static constexpr uint32_t kThreads = kNumMmaThreads + 32;
+  uint32_t phase = 0;
 
-  // Whole producer warp, before loading `tile`: claims the tile after it. The atomic's result is first
-  // read in producer_publish, so its latency hides behind the loads; one lane holds it until then.
-  CUTE_DEVICE int producer_claim(int tile) const {
+  // One thread, before the block-wide barrier that publishes the mbarrier initialisation.
+  CUTE_DEVICE static void init(TileHandoffStorage& s) {
+    s.full.init(1);
+    s.empty.init(kNumMmaThreads);
+  }
+  // Whole producer warp, before loading `tile`: claims the tile after it (counter: global, zero at the launch;
+  // null = static round-robin). The atomic's result is first read in producer_publish, so its latency hides
+  // behind the loads; one lane holds it until then.
+  CUTE_DEVICE static int producer_claim(int* counter, int tile) {
     if (counter == nullptr) return tile + int(gridDim.x);
     return cute::elect_one_sync() ? atomicAdd(counter, 1) + int(gridDim.x) : 0;
   }
-  // Whole producer warp, after loading `tile`: hands the claimed tile to the consumers and returns it.
-  CUTE_DEVICE int producer_publish(int claimed) const {
+  // Whole producer warp, after loading its tile: hands the claimed tile to the consumers and returns it.
+  // A launch draws exactly num_tiles tickets (a CTA claims once per tile it runs): the lane that drew the last
+  // one sets the counter back to zero, so back-to-back launches on one stream may share a counter.
+  CUTE_DEVICE int producer_publish(int* counter, TileHandoffStorage& s, int num_tiles, int claimed) {
     if (counter == nullptr) return claimed;
+    if (claimed == num_tiles - 1 + int(gridDim.x)) atomicExch(counter, 0);
     const int next = __reduce_max_sync(0xffffffffu, claimed);
-    barrier_sync(kThreads, FwdBarrier::kTileEmpty);
-    if (threadIdx.x % 32 == 0) *smem_next = next;
-    barrier_arrive(kThreads, FwdBarrier::kTileFull);
+    if (threadIdx.x % 32 == 0) {
+      s.empty.wait(phase ^ 1);
+      s.next_tile = next;
+      s.full.arrive();
+    }
+    __syncwarp();
+    phase ^= 1;
     return next;
   }
-  // Consumers, once before their loop: the slot starts empty.
-  CUTE_DEVICE void consumer_init() const {
-    if (counter != nullptr) barrier_arrive(kThreads, FwdBarrier::kTileEmpty);
-  }
-  CUTE_DEVICE int consumer_next(int tile) const {
+  // Every consumer thread, after finishing `tile`: the next tile of this CTA.
+  CUTE_DEVICE int consumer_next(int* counter, TileHandoffStorage& s, int tile) {
     if (counter == nullptr) return tile + int(gridDim.x);
-    barrier_sync(kThreads, FwdBarrier::kTileFull);
-    const int next = *smem_next;
-    barrier_arrive(kThreads, FwdBarrier::kTileEmpty);
+    s.full.wait(phase);
+    const int next = s.next_tile;
+    s.empty.arrive();
+    phase ^= 1;
     return next;
   }
 };
@@ -96,12 +117,20 @@ struct TileWork {
   int64_t m0 = 0;  // first query row of the tile within its sequence
   int n_min = 0, n_max = 0;
 
-  template <int kBlockM, int kBlockN>
+  // Softmax masks are windows only (supports() refuses contexts and targets): the contextual and target
+  // fields are set to the constants that say so, which lets the compiler drop their paths, among them the
+  // 64-bit division by the target group size.
+  template <int kBlockM, int kBlockN, bool kHstu>
   CUTEATTN_HD static TileWork plan(const detail::Params& p, TileCoord c) {
     TileWork w;
     w.coord = c;
     w.seq = detail::SequenceInfo::of(p, c.batch);
     w.mask = detail::Mask::of(p, w.seq, c.batch);
+    if constexpr (!kHstu) {
+      w.mask.n_ctx = 0;
+      w.mask.hist = w.seq.sk;
+      w.mask.group = 1;
+    }
     w.m0 = int64_t(c.m_block) * kBlockM;
     if (w.m0 < w.seq.sq) {
       const detail::Range keys = w.mask.key_range(w.m0, w.m0 + kBlockM);

@@ -1074,6 +1074,25 @@ TEST(RefuseBackward, HstuLse) {
   EXPECT_TRUE(Refused(check_backward(a), "lse"));
 }
 
+TEST(RefuseForward, WorkspaceBytesWithoutPointer) {
+  Store st;
+  ForwardArgs a = fixed_forward(st);
+  a.workspace_bytes = 16;
+  EXPECT_TRUE(Refused(check_forward(a), "workspace"));
+}
+
+// CPU backends need no scratch: they report 0 bytes and ignore a workspace they are given.
+TEST(Accept, ForwardWorkspaceOnCpu) {
+  Store st;
+  ForwardArgs a = fixed_forward(st);
+  a.problem.causal = true;
+  EXPECT_EQ(forward_workspace_bytes(a), 0u);
+  Tensor scratch = st.make(DType::kFloat32, {4});
+  a.workspace = scratch.data;
+  a.workspace_bytes = 16;
+  EXPECT_TRUE(check_forward(a).ok());
+}
+
 TEST(RefuseBackward, WorkspaceBytesWithoutPointer) {
   Store st;
   BackwardArgs a = backward_of(st, fixed_forward(st));

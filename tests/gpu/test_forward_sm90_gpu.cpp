@@ -3,7 +3,8 @@
 // element written over a NaN poison, for odd lengths, s_q != s_k, varlen with empty sequences, GQA, causal,
 // sliding windows, softcap, rows without visible keys and every head-dim bucket of the build. HSTU (jagged):
 // rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with group sizes), alpha
-// and scaling_seqlen, zero-length and one-row sequences, every bucket, and d != d_v routed to sm80.
+// and scaling_seqlen, zero-length and one-row sequences, every bucket, and d != d_v routed to sm80. The
+// workspace: a caller's (dirty, reused across calls), none when tiles are scheduled statically, too small.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -218,6 +219,78 @@ TEST_F(Sm90Forward, HstuHeadDims) {
       check_forward(cfg);
     }
   }
+}
+
+// Runs cfg's sm90 forward twice through one caller workspace filled with 0xff bytes (so the launch must zero
+// the tile counter itself, and the second run sees what the first left) and checks both runs.
+void check_forward_with_workspace(const CaseConfig& cfg) {
+  SCOPED_TRACE(cfg.describe());
+  Case c = Case::make(cfg, test_seed());
+  Case ref = c.fp32_copy();
+  ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
+  Case plain = c.fresh_copy();
+  plain_forward(plain);
+  DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kForward);
+  ForwardArgs args = dc.forward_args();
+  const size_t bytes = forward_workspace_bytes(args);
+  ASSERT_GT(bytes, 0u) << "a dynamically scheduled sm90 forward needs a workspace";
+  void* workspace = nullptr;
+  ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(workspace, 0xff, bytes), cudaSuccess);
+  args.workspace = workspace;
+  args.workspace_bytes = bytes;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    dc.poison_forward();
+    const Status s = attention_forward(args);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download_forward();
+    EXPECT_TRUE(check_close("out", c.out, plain.out, ref.out, kForwardFactor));
+    EXPECT_TRUE(check_close("lse", c.lse, plain.lse, ref.lse, kForwardFactor));
+  }
+  cudaFree(workspace);
+}
+
+TEST_F(Sm90Forward, CallerWorkspace) {
+  CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 113, 1, 300, 1023}, {}, 2, 1, 128);
+  cfg.causal = true;
+  check_forward_with_workspace(cfg);
+  cfg = softmax_fixed(DType::kBFloat16, 2, 3, 3, 128, 1023, 1023);
+  cfg.window_left = 100;
+  cfg.window_right = 0;
+  check_forward_with_workspace(cfg);
+}
+
+// No mask and fixed lengths: tiles are scheduled statically and the call needs no workspace.
+TEST_F(Sm90Forward, NoWorkspaceWithoutDynamicScheduling) {
+  Case c = Case::make(softmax_fixed(DType::kBFloat16, 1, 2, 2, 128, 300, 300), 1);
+  DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kForward);
+  EXPECT_EQ(forward_workspace_bytes(dc.forward_args()), 0u);
+}
+
+TEST_F(Sm90Forward, WorkspaceTooSmallIsRefused) {
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 128, 300, 300);
+  cfg.causal = true;
+  Case c = Case::make(cfg, 1);
+  DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kForward);
+  ForwardArgs args = dc.forward_args();
+  const size_t bytes = forward_workspace_bytes(args);
+  ASSERT_GT(bytes, 0u);
+  void* workspace = nullptr;
+  ASSERT_EQ(cudaMalloc(&workspace, bytes), cudaSuccess);
+  args.workspace = workspace;
+  args.workspace_bytes = bytes - 1;
+  Status s = attention_forward(args);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_EQ(s.message.rfind("workspace:", 0), 0u) << s.message;
+  // A null workspace with a size is refused by the checker.
+  args.workspace = nullptr;
+  args.workspace_bytes = bytes;
+  s = check_forward(args);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_EQ(s.message.rfind("workspace:", 0), 0u) << s.message;
+  cudaFree(workspace);
 }
 
 // d != d_v has no sm90 kernel: the sm90 entry says so, and the auto backend serves it with sm80.
