@@ -10,6 +10,7 @@
 // legal) is a GPU requirement and is checked for CUDA tensors only; the CPU backends need no alignment.
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -453,14 +454,23 @@ Status check_cuda_pointer(const Problem& p, const char* name, const Tensor& t) {
 }
 #endif
 
-// Copies an int32 vector to `out`; sets *available = false when its contents cannot be read now.
-Status read_int32(const Problem& p, const char* name, const Tensor& t, std::vector<int32_t>* out, bool* available) {
-  out->resize(static_cast<size_t>(t.shape[0]));
+struct Int32Read {
+  const char* name;
+  const Tensor* tensor;
+  std::vector<int32_t>* out;
+};
+
+// Copies int32 vectors to the host, for a CUDA problem with one stream synchronisation for all of them. Sets
+// *available = false when device contents cannot be read now (the stream is being captured into a graph, or no
+// CUDA in this build).
+Status read_int32s(const Problem& p, std::initializer_list<Int32Read> reads, bool* available) {
   *available = true;
-  if (t.shape[0] == 0) return Status::Ok();
+  for (const Int32Read& r : reads) r.out->resize(r.tensor->defined() ? static_cast<size_t>(r.tensor->shape[0]) : 0);
   if (p.device == DeviceKind::kCpu) {
-    const int32_t* src = static_cast<const int32_t*>(t.data);
-    for (int64_t i = 0; i < t.shape[0]; ++i) (*out)[i] = src[i * t.stride[0]];
+    for (const Int32Read& r : reads) {
+      const int32_t* src = static_cast<const int32_t*>(r.tensor->data);
+      for (size_t i = 0; i < r.out->size(); ++i) (*r.out)[i] = src[static_cast<int64_t>(i) * r.tensor->stride[0]];
+    }
     return Status::Ok();
   }
 #if CUTEATTN_WITH_CUDA
@@ -472,12 +482,16 @@ Status read_int32(const Problem& p, const char* name, const Tensor& t, std::vect
     *available = false;
     return Status::Ok();
   }
-  cudaError_t err = cudaMemcpyAsync(out->data(), t.data, out->size() * sizeof(int32_t), cudaMemcpyDefault, stream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  if (err != cudaSuccess) return cuda_failure(name, "copying the contents to the host failed", err);
+  for (const Int32Read& r : reads) {
+    if (r.out->empty()) continue;
+    const cudaError_t err =
+        cudaMemcpyAsync(r.out->data(), r.tensor->data, r.out->size() * sizeof(int32_t), cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return cuda_failure(r.name, "copying the contents to the host failed", err);
+  }
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) return cuda_failure(reads.begin()->name, "copying the contents to the host failed", err);
   return Status::Ok();
 #else
-  (void)name;
   *available = false;
   return Status::Ok();
 #endif
@@ -522,13 +536,15 @@ Status check_device_data(const Problem& p, const Dims& dims) {
   if (!dims.varlen) return Status::Ok();
   std::vector<int32_t> cu_q, cu_k, contexts, targets;
   bool available = true;
-  Status s = read_int32(p, "cu_seqlens_q", p.cu_seqlens_q, &cu_q, &available);
+  Status s = read_int32s(p,
+                         {{"cu_seqlens_q", &p.cu_seqlens_q, &cu_q},
+                          {"cu_seqlens_k", &p.cu_seqlens_k, &cu_k},
+                          {"num_contexts", &p.num_contexts, &contexts},
+                          {"num_targets", &p.num_targets, &targets}},
+                         &available);
   if (!s.ok() || !available) return s;
-  s = read_int32(p, "cu_seqlens_k", p.cu_seqlens_k, &cu_k, &available);
-  if (s.ok()) s = check_cu_seqlens_contents("cu_seqlens_q", cu_q, dims.total_q, "q", p.max_seqlen_q, "max_seqlen_q");
+  s = check_cu_seqlens_contents("cu_seqlens_q", cu_q, dims.total_q, "q", p.max_seqlen_q, "max_seqlen_q");
   if (s.ok()) s = check_cu_seqlens_contents("cu_seqlens_k", cu_k, dims.total_k, "k", p.max_seqlen_k, "max_seqlen_k");
-  if (s.ok() && p.num_contexts.defined()) s = read_int32(p, "num_contexts", p.num_contexts, &contexts, &available);
-  if (s.ok() && p.num_targets.defined()) s = read_int32(p, "num_targets", p.num_targets, &targets, &available);
   if (!s.ok()) return s;
   for (int64_t i = 0; i < dims.b; ++i) {
     const int64_t sq = static_cast<int64_t>(cu_q[i + 1]) - cu_q[i];
