@@ -24,10 +24,12 @@ class Cell:
     causal: bool = True
     targets: bool = False  # hstu: up to HSTU_MAX_TARGETS targets per sequence
     rab: bool = False  # hstu: a (b, 1, max, max) relative attention bias with its gradient
+    dense: bool = False  # hstu: every sequence max_seqlen long (the grid draws lengths in [0.9 max, max])
 
     @property
     def key(self) -> str:
         extra = f"-targets{int(self.targets)}-rab{int(self.rab)}" if self.kind == "hstu" else ""
+        extra += "-dense" if self.dense else ""
         shape = f"d{self.d}-s{self.seqlen}-b{self.batch}-h{self.heads}"
         return f"{self.kind}-{self.dtype}-{shape}-c{int(self.causal)}{extra}"
 
@@ -39,9 +41,10 @@ def fa_cell(dtype: str, d: int, s: int, causal: bool, batch: Optional[int] = Non
     return Cell("fa", dtype, d, s, batch or max(1, 16384 // s), heads or max(1, 2048 // d), causal)
 
 
-def hstu_cell(d: int, max_len: int, targets: bool, rab: bool, dtype="bf16", batch=None, heads=4, causal=True):
-    batch = batch or max(1, round(HSTU_TOKENS / (0.95 * max_len)))
-    return Cell("hstu", dtype, d, max_len, batch, heads, causal, targets, rab)
+def hstu_cell(d: int, max_len: int, targets: bool, rab: bool, dtype="bf16", batch=None, heads=4, causal=True,
+              dense=False):  # fmt: skip
+    batch = batch or max(1, round(HSTU_TOKENS / ((1.0 if dense else 0.95) * max_len)))
+    return Cell("hstu", dtype, d, max_len, batch, heads, causal, targets, rab, dense)
 
 
 def fa_grid(quick: bool, dtypes=("bf16", "fp16")) -> List[Cell]:
@@ -77,7 +80,7 @@ class Inputs:
             self.q, self.k, self.v = randn(*shape), randn(*shape), randn(*shape)
             self.lengths = [cell.seqlen] * cell.batch
         else:
-            lo = int(0.9 * cell.seqlen)
+            lo = cell.seqlen if cell.dense else int(0.9 * cell.seqlen)
             lengths = torch.randint(lo, cell.seqlen + 1, (cell.batch,), generator=gen, device=device)
             self.lengths = lengths.tolist()
             self.cu_seqlens = torch.zeros(cell.batch + 1, dtype=torch.int32, device=device)

@@ -234,7 +234,7 @@ def plots(run: Dict, stem: Path) -> List[Path]:
 def _variant(cell: Dict) -> str:
     parts = ["causal" if cell["causal"] else "full"]
     if cell["kind"] == "hstu":
-        parts += ["targets"] * bool(cell["targets"]) + ["rab"] * bool(cell["rab"])
+        parts += ["targets"] * bool(cell["targets"]) + ["rab"] * bool(cell["rab"]) + ["dense"] * bool(cell.get("dense"))
     return "+".join(parts)
 
 

@@ -45,12 +45,14 @@ def parse_args(argv=None):
     cell.add_argument("--kind", choices=["fa", "hstu"])
     cell.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     cell.add_argument("--d", type=int, default=128)
-    cell.add_argument("--seqlen", type=int, default=4096, help="fa: s_q = s_k; hstu: max_seqlen")
+    cell.add_argument("--seqlen", default="4096", help="fa: s_q = s_k; hstu: max_seqlen; a comma-separated list "
+                      "runs a cell per value")
     cell.add_argument("--batch", type=int, help="default: 16384 / s (fa), ~0.5M tokens (hstu)")
     cell.add_argument("--heads", type=int, help="default: 2048 / d (fa), 4 (hstu)")
     cell.add_argument("--causal", action=argparse.BooleanOptionalAction, help="default: off (fa), on (hstu)")
     cell.add_argument("--targets", action="store_true", help="hstu: up to 20 targets per sequence")
     cell.add_argument("--rab", action="store_true", help="hstu: relative attention bias with gradient")
+    cell.add_argument("--dense", action="store_true", help="hstu: every sequence max_seqlen long")
     p.add_argument("--directions", default="fwd,bwd", help="fwd, bwd or fwd,bwd")
     p.add_argument("--peers", help="comma-separated subset of implementations (default: all available)")
     p.add_argument("--backend", default="auto", choices=["auto", "sm80", "sm90"],
@@ -70,12 +72,13 @@ def parse_args(argv=None):
 
 
 def select_cells(args) -> List[Cell]:
+    seqlens = [int(x) for x in str(args.seqlen).split(",")]
     if args.kind == "fa":
-        return [fa_cell(args.dtype, args.d, args.seqlen, bool(args.causal), args.batch, args.heads)]
+        return [fa_cell(args.dtype, args.d, s, bool(args.causal), args.batch, args.heads) for s in seqlens]
     if args.kind == "hstu":
         causal = args.causal is not False
-        return [hstu_cell(args.d, args.seqlen, args.targets, args.rab, args.dtype, args.batch, args.heads or 4,
-                          causal)]  # fmt: skip
+        return [hstu_cell(args.d, s, args.targets, args.rab, args.dtype, args.batch, args.heads or 4, causal,
+                          args.dense) for s in seqlens]  # fmt: skip
     grids = set(args.grid or (["fa", "hstu"] if args.quick else []))
     if not grids:
         raise SystemExit("nothing to run: give --quick, --grid fa|hstu or a cell (--kind ...)")
@@ -291,7 +294,12 @@ def main(argv=None):
         (Path(args.out) / "partial.json").write_text(json.dumps(run, indent=1))
         del inputs
         torch.cuda.empty_cache()
-    tag = cells[0].key if args.kind else ("quick" if args.quick else "")
+    tag = "quick" if args.quick else ""
+    if args.kind:  # a single cell's key, or the shared part of a list of sequence lengths
+        first = cells[0]
+        tag = first.key if len(cells) == 1 else "-".join(
+            [first.kind, first.dtype, f"d{first.d}", "s" + "_".join(str(c.seqlen) for c in cells)] +
+            ["dense"] * first.dense)  # fmt: skip
     if args.backend != "auto":
         tag = "-".join(t for t in (args.backend, tag) if t)
     paths = report.write_all(run, Path(args.out), tag=tag)
