@@ -15,9 +15,9 @@ SCORES = {"softmax": "kSoftmax", "hstu": "kHstuSilu"}
 #            {score: dtypes}, head-dim buckets)
 FAMILIES = {
     "sm80_fwd": ("kSm80Forward", "sm80/forward_sm80.cuh", "Sm80Forward", ["80", "90a"],
-                 {"softmax": ["fp16", "bf16"], "hstu": ["fp16", "bf16"]}, [32, 64, 96, 128, 192, 256]),
+                 {"softmax": ["fp16", "bf16", "fp32"], "hstu": ["fp16", "bf16"]}, [32, 64, 96, 128, 192, 256]),
     "sm80_bwd": ("kSm80Backward", "sm80/backward_sm80.cuh", "Sm80Backward", ["80", "90a"],
-                 {"softmax": ["fp16", "bf16"], "hstu": ["fp16", "bf16"]}, [32, 64, 96, 128, 192, 256]),
+                 {"softmax": ["fp16", "bf16", "fp32"], "hstu": ["fp16", "bf16"]}, [32, 64, 96, 128, 192, 256]),
     "sm90_fwd": ("kSm90Forward", "sm90/forward_sm90.cuh", "Sm90Forward", ["90a"],
                  {"softmax": ["fp16", "bf16"], "hstu": ["fp16", "bf16"]}, [64, 96, 128, 192, 256]),
 }

@@ -4,21 +4,34 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/params.h"
+#include "sm80/utils_sm80.cuh"
 #include "variants/sequence.h"
 
 namespace cuteattn::detail::sm80_bwd {
 
+// dO as the main kernel's dP = dO V^T MMAs see it: fp32 is rounded to tf32 there, so D = dO . O must use the same
+// rounded dO. Otherwise D and the row sum of P * dP differ by dO's rounding error times O, and dS = P (dP - D)
+// carries that error even where it is exactly 0 (a row with one visible key).
+template <class Element>
+__device__ __forceinline__ float dout_operand(Element x) {
+  if constexpr (std::is_same_v<Element, float>) {
+    return ::cuteattn::sm80::round_to_tf32(x);
+  } else {
+    return static_cast<float>(x);
+  }
+}
+
 // D = sum_c dO[c] * O[c] in fp32 per (query row, head), stored at the row's LSE index. A group of kGroup
-// threads (a power of two) takes one (row, head), 16 bytes of O and dO per thread; the loop runs per warp so
-// every lane reaches the shuffles.
+// threads (a power of two) takes one (row, head), 16 bytes of O and dO per thread and step (fp32 rows above 128
+// columns take two steps); the loop runs per warp so every lane reaches the shuffles.
 template <class Element, int kHeadDim>
 __global__ void dot_do_o_kernel(const __grid_constant__ Params p, float* dsum) {
   constexpr int kVec = 16 / int(sizeof(Element));
   constexpr int kChunks = kHeadDim / kVec;
   constexpr int kGroup = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  static_assert(kChunks <= 32, "one 16-byte chunk per thread of a warp");
   constexpr int kGroupsPerWarp = 32 / kGroup;
   const int lane = threadIdx.x % 32;
   const int c = lane % kGroup * kVec;
@@ -35,16 +48,18 @@ __global__ void dot_do_o_kernel(const __grid_constant__ Params p, float* dsum) {
       row = g % p.seqlen_q;
     }
     float acc = 0.0f;
-    if (w < rows && c < p.head_dim_v) {
-      const Element* o = static_cast<const Element*>(p.o.ptr) + bi * p.o.batch_stride + row * p.o.row_stride +
-                         h * p.o.head_stride + c;
-      const Element* d_o = static_cast<const Element*>(p.dout.ptr) + bi * p.dout.batch_stride +
-                           row * p.dout.row_stride + h * p.dout.head_stride + c;
-      const uint4 ov = *reinterpret_cast<const uint4*>(o);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d_o);
-      const Element* oe = reinterpret_cast<const Element*>(&ov);
-      const Element* de = reinterpret_cast<const Element*>(&dv);
-      for (int k = 0; k < kVec; ++k) acc += static_cast<float>(oe[k]) * static_cast<float>(de[k]);
+    for (int cc = c; cc < kHeadDim; cc += kGroup * kVec) {
+      if (w < rows && cc < p.head_dim_v) {
+        const Element* o = static_cast<const Element*>(p.o.ptr) + bi * p.o.batch_stride + row * p.o.row_stride +
+                           h * p.o.head_stride + cc;
+        const Element* d_o = static_cast<const Element*>(p.dout.ptr) + bi * p.dout.batch_stride +
+                             row * p.dout.row_stride + h * p.dout.head_stride + cc;
+        const uint4 ov = *reinterpret_cast<const uint4*>(o);
+        const uint4 dv = *reinterpret_cast<const uint4*>(d_o);
+        const Element* oe = reinterpret_cast<const Element*>(&ov);
+        const Element* de = reinterpret_cast<const Element*>(&dv);
+        for (int k = 0; k < kVec; ++k) acc += static_cast<float>(oe[k]) * dout_operand(de[k]);
+      }
     }
     for (int s = kGroup / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
     if (w < rows && lane % kGroup == 0) {

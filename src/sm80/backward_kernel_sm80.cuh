@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_K)
   auto smem_tiled_copy_sdp_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
   auto smem_thr_copy_sdp_a = smem_tiled_copy_sdp_a.get_thread_slice(tidx);
-  auto smem_tiled_copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
+  auto smem_tiled_copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtomSdPB{}, tiled_mma_sdp);
   auto smem_thr_copy_sdp_b = smem_tiled_copy_sdp_b.get_thread_slice(tidx);
   Tensor tSsK = smem_thr_copy_sdp_b.partition_S(sK);      // (CPY, CPY_N, CPY_K)
   Tensor tdPsV = smem_thr_copy_sdp_b.partition_S(sV);     // (CPY, CPY_N, CPY_K)
@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         copy_tile_pred<kBlockN, kHeadDim>(gmem_tiled_copy, tVgV, tVsV, tKcK, sk - n0, dv);
         cp_async_fence();
       }
+      bool kv_unrounded = Traits::kFp32;  // fp32: K/V still to be rounded to tf32 once they have landed
       clear(acc_dk);
       clear(acc_dv);
 
@@ -270,6 +271,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           const int m_next = next_visible(m + 1);
           const int m0 = m * kBlockM;
           cp_async_wait<0>();
+          if constexpr (Traits::kFp32) {  // each thread rounds what its own copies wrote, before the barrier
+            round_tile_to_tf32(gmem_thr_copy.partition_D(
+                make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{})));
+            round_tile_to_tf32(gmem_thr_copy.partition_D(
+                make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{})));
+            if (kv_unrounded) {
+              round_tile_to_tf32(gmem_thr_copy.partition_D(sK));
+              round_tile_to_tf32(gmem_thr_copy.partition_D(sV));
+              kv_unrounded = false;
+            }
+          }
           __syncthreads();  // Q/dO (and K/V) landed; the previous block's reads of sP/sdS/other stage are done
           if (kStages == 2 && m_next < m_end) load_q_do(m_next, stage ^ 1);
 
@@ -376,7 +388,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 }
               }
             }
-            Tensor rP = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
+            Tensor rP = convert_fragment<typename Traits::ElementMma>(acc_s);  // (MMA, MMA_M, MMA_N)
             copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rP), tPsP);
           }
 
@@ -447,7 +459,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               }
             }
           }
-          Tensor rdS = convert_fragment<Element>(acc_dp);  // (MMA, MMA_M, MMA_N)
+          Tensor rdS = convert_fragment<typename Traits::ElementMma>(acc_dp);  // (MMA, MMA_M, MMA_N)
           copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rdS), tdSsdS);
           __syncthreads();  // sP and sdS are complete
 
@@ -516,7 +528,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       cp_async_wait<0>();  // a key block no query block sees still has its K/V loads in flight
 
-      // dK (times the softmax scale) and dV in the input dtype; consecutive column pairs as one 32-bit store.
+      // dK (times the softmax scale) and dV in the input dtype; consecutive column pairs as one store.
+      using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
       const float dk_scale = kHstu ? 1.0f : p.scale;
       // As for dQ: this thread's first element plus compile-time deltas.
       const int kv_r0 = get<0>(tdKVcdKV(0)), kv_c0 = get<1>(tdKVcdKV(0));
@@ -528,11 +541,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         if (n0 + r >= sk) continue;
         if (dk_col_ok >> (e / 2) & 1u) {
           Element pair[2] = {static_cast<Element>(acc_dk(e) * dk_scale), static_cast<Element>(acc_dk(e + 1) * dk_scale)};
-          *reinterpret_cast<uint32_t*>(dk_thr + (r - kv_r0) * p.dk.row_stride + (c - kv_c0)) = *reinterpret_cast<uint32_t*>(pair);
+          *reinterpret_cast<Pair*>(dk_thr + (r - kv_r0) * p.dk.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
         }
         if (dv_col_ok >> (e / 2) & 1u) {
           Element pair[2] = {static_cast<Element>(acc_dv(e)), static_cast<Element>(acc_dv(e + 1))};
-          *reinterpret_cast<uint32_t*>(dv_thr + (r - kv_r0) * p.dv.row_stride + (c - kv_c0)) = *reinterpret_cast<uint32_t*>(pair);
+          *reinterpret_cast<Pair*>(dv_thr + (r - kv_r0) * p.dv.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
         }
       }
     }

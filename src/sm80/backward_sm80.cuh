@@ -16,13 +16,15 @@
 #include "sm80/backward_aux_sm80.cuh"
 #include "sm80/backward_kernel_sm80.cuh"
 #include "sm80/backward_traits_sm80.cuh"
+#include "sm80/device_info_sm80.h"
 
 namespace cuteattn::detail {
 
 template <ScoreFunction kScore, DType kDType, int kHeadDim>
 struct Sm80Backward {
-  static constexpr bool kCompiled = kDType == DType::kFloat16 || kDType == DType::kBFloat16;
   static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
+  static constexpr bool kCompiled =
+      kDType == DType::kFloat16 || kDType == DType::kBFloat16 || (kDType == DType::kFloat32 && !kHstu);
 
   // How the work is cut and where each scratch buffer lies in the workspace.
   struct Plan {
@@ -50,8 +52,7 @@ struct Sm80Backward {
     pl.heads_per_cta = pl.drab_accum && p.deterministic ? int(p.heads) : pl.kv_group;
     pl.nsplit = pl.n_blocks;
     if (p.deterministic && pl.n_blocks > 0) {
-      int sms = 132;
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
+      const int sms = Sm80DeviceInfo::of(p.device_index).sms;
       const int64_t ctas_yz = std::max<int64_t>(1, p.batch * (p.heads / pl.heads_per_cta));
       const int64_t want = (2 * int64_t(sms) + ctas_yz - 1) / ctas_yz;
       pl.nsplit = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(pl.n_blocks, 32)));
@@ -69,25 +70,29 @@ struct Sm80Backward {
     return pl;
   }
 
+  // Elements per 16-byte vector (8 for fp16/bf16, 4 for fp32).
+  static constexpr int64_t kVec = kDType == DType::kFloat32 ? 4 : 8;
+
   static bool aligned(const RowMajorView& t) {
-    return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 &&
-           t.batch_stride % 8 == 0;
+    return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % kVec == 0 && t.head_stride % kVec == 0 &&
+           t.batch_stride % kVec == 0;
   }
 
   static Status supports(const Params& p) {
     if constexpr (!kCompiled) {
-      return Status::NotSupported("sm80 backward: only float16 and bfloat16 kernels exist");
+      return Status::NotSupported("sm80 backward: HSTU kernels exist for float16 and bfloat16 only");
     } else {
       if (p.score != kScore || p.dtype != kDType) return Status::NotSupported("sm80 backward: wrong instance");
       if (p.head_dim > kHeadDim || p.head_dim_v > kHeadDim) {
         return Status::NotSupported("sm80 backward: head dim above the bucket " + std::to_string(kHeadDim));
       }
-      if (p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) {
-        return Status::NotSupported("sm80 backward: head dims must be multiples of 8");
+      if (p.head_dim % kVec != 0 || p.head_dim_v % kVec != 0) {
+        return Status::NotSupported("sm80 backward: head dims must be multiples of " + std::to_string(kVec));
       }
       for (const RowMajorView* t : {&p.q, &p.k, &p.v, &p.dout, &p.dk, &p.dv}) {
         if (!aligned(*t)) {
-          return Status::NotSupported("sm80 backward: q/k/v/dout/dk/dv need 16-byte aligned rows (strides % 8 == 0)");
+          return Status::NotSupported("sm80 backward: q/k/v/dout/dk/dv need 16-byte aligned rows (strides % " +
+                                      std::to_string(kVec) + " == 0)");
         }
       }
       if (!kHstu && !aligned(p.o)) return Status::NotSupported("sm80 backward: out needs 16-byte aligned rows");
@@ -99,9 +104,7 @@ struct Sm80Backward {
            p.rab_batch_stride % 2 != 0)) {
         return Status::NotSupported("sm80 backward: rab rows must be 4-byte aligned");
       }
-      int smem = 0;
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index);
-      if (smem < sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kSmemBytes) {
+      if (Sm80DeviceInfo::of(p.device_index).smem_optin < sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kSmemBytes) {
         return Status::NotSupported("sm80 backward: the device has too little shared memory for head dim " +
                                     std::to_string(kHeadDim));
       }
@@ -113,7 +116,7 @@ struct Sm80Backward {
 
   static Status launch(const Params& p, void* workspace) {
     if constexpr (!kCompiled) {
-      return Status::NotSupported("sm80 backward: only float16 and bfloat16 kernels exist");
+      return Status::NotSupported("sm80 backward: HSTU kernels exist for float16 and bfloat16 only");
     } else {
       using Traits = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>;
       using Element = typename Traits::Element;

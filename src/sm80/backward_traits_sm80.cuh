@@ -1,6 +1,9 @@
 // Compile-time configuration of the sm80 backward kernel: tile sizes per head-dim bucket, the three tiled
-// MMAs (S/dP, dK/dV, dQ), swizzled shared-memory layouts with their transposed views, and the copy atoms.
+// MMAs (S/dP, dK/dV, dQ), shared-memory layouts (swizzled for 16-bit, padded rows for fp32) with their transposed
+// views, and the copy atoms.
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/bfloat16.h>
@@ -17,16 +20,36 @@ using cute::Tensor;
 
 template <DType kDType>
 struct ElementOf;
+// type: q, k, v, dout and the gradients in global memory; mma: what the MMAs read.
 template <>
 struct ElementOf<DType::kFloat16> {
   using type = cutlass::half_t;
+  using mma = cutlass::half_t;
   using MmaAtom = SM80_16x8x16_F32F16F16F32_TN;
 };
 template <>
 struct ElementOf<DType::kBFloat16> {
   using type = cutlass::bfloat16_t;
+  using mma = cutlass::bfloat16_t;
   using MmaAtom = SM80_16x8x16_F32BF16BF16F32_TN;
 };
+template <>
+struct ElementOf<DType::kFloat32> {
+  using type = float;
+  using mma = cutlass::tfloat32_t;  // tiles rounded to tf32 in shared memory, P and dS when they are formed
+  using MmaAtom = SM80_16x8x8_F32TF32TF32F32_TN;
+};
+
+// Tile sizes of the fp32 (tf32) backward. Shared memory doubles next to the 16-bit kernels, so the tiles shrink
+// until each bucket fits sm80's 163 KB: 64 x 64 up to d = 96, 64 x 32 at d = 128, 32 x 32 at d = 192, 256, all with
+// 8 warps (with 4 warps the dK + dV accumulators alone take 128 registers per thread at d = 256, and it spills).
+// Q/dO are double-buffered where that still fits (d = 32, 64, 192).
+struct Fp32BwdTiles {
+  int block_m, block_n;
+};
+constexpr Fp32BwdTiles fp32_bwd_tiles(int head_dim) {
+  return head_dim <= 96 ? Fp32BwdTiles{64, 64} : head_dim <= 128 ? Fp32BwdTiles{64, 32} : Fp32BwdTiles{32, 32};
+}
 
 // One CTA owns a key block of kBlockN rows of K/V and walks the query blocks of kBlockM rows that see it.
 // kBlockM = 64 for d > 64 keeps the fp32 dK + dV accumulators (kBlockN x kHeadDim each, spread over 256
@@ -36,37 +59,54 @@ struct ElementOf<DType::kBFloat16> {
 template <DType kDType, int kHeadDim_, bool kHstu>
 struct BwdTraits {
   using Element = typename ElementOf<kDType>::type;
+  using ElementMma = typename ElementOf<kDType>::mma;
   using ElementAccum = float;
   using MmaAtom = typename ElementOf<kDType>::MmaAtom;
+  static constexpr bool kFp32 = kDType == DType::kFloat32;
+  static_assert(!(kFp32 && kHstu), "HSTU runs in fp16/bf16 only");
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kHeadDim <= 64 && !kHstu ? 128 : 64;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kBlockM = kFp32 ? fp32_bwd_tiles(kHeadDim).block_m : kHeadDim <= 64 && !kHstu ? 128 : 64;
+  static constexpr int kBlockN = kFp32 ? fp32_bwd_tiles(kHeadDim).block_n : kHeadDim <= 128 ? 128 : 64;
   static constexpr int kNWarps = 8;
   static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kMmaK = kFp32 ? 8 : 16;
 
-  // Warps along M for S/dP, along N for dK/dV, along M for dQ (the rest of the 8 warps tile the other side).
-  static constexpr int kAtomMSdP = kBlockN == 128 ? 2 : 4;
-  static constexpr int kAtomNdKV = kBlockN == 128 ? 4 : 2;
-  static constexpr int kAtomMdQ = 4;
+  // Warps along M for S/dP, along N for dK/dV, along M for dQ (the rest of the warps tile the other side).
+  static constexpr int kAtomMSdP = kFp32 ? kBlockM / 16 : kBlockN == 128 ? 2 : 4;
+  static constexpr int kAtomNdKV = kFp32 ? kBlockN / 16 : kBlockN == 128 ? 4 : 2;
+  static constexpr int kAtomMdQ = kFp32 ? kBlockM / 16 : 4;
+  // The S/dP tile's N extent: 16 per warp along N (two n8 MMAs, one ldmatrix.x4 of B per k-slice), or 8 when the
+  // warps along N already cover kBlockN that way (fp32 32 x 32: 4 warps of 8 columns, ldmatrix.x2).
+  static constexpr int kTileNSdP = 16 * (kNWarps / kAtomMSdP) <= kBlockN ? 16 * (kNWarps / kAtomMSdP) : kBlockN;
+  static_assert(kTileNSdP / (kNWarps / kAtomMSdP) == 16 || kTileNSdP / (kNWarps / kAtomMSdP) == 8);
   // dQ = dS K runs over column chunks of kHeadDim / kDqChunks so its fp32 tile stays small next to dK/dV.
   // d = 192 takes three chunks of 64: chunks of 96 columns do not tile the ldmatrix.trans copy of K^T (no build).
   static constexpr int kDqChunks = kHeadDim == 192 ? 3 : kHeadDim >= 128 ? 2 : 1;
 
   using TiledMmaSdP = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kAtomMSdP>, Int<kNWarps / kAtomMSdP>, _1>>,
-                               Tile<Int<16 * kAtomMSdP>, Int<16 * (kNWarps / kAtomMSdP)>, _16>>;
+                               Tile<Int<16 * kAtomMSdP>, Int<kTileNSdP>, Int<kMmaK>>>;
   using TiledMmadKV = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kAtomNdKV>, Int<kNWarps / kAtomNdKV>, _1>>,
-                               Tile<Int<16 * kAtomNdKV>, Int<16 * (kNWarps / kAtomNdKV)>, _16>>;
+                               Tile<Int<16 * kAtomNdKV>, Int<16 * (kNWarps / kAtomNdKV)>, Int<kMmaK>>>;
   using TiledMmadQ = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kAtomMdQ>, Int<kNWarps / kAtomMdQ>, _1>>,
-                              Tile<Int<16 * kAtomMdQ>, Int<16 * (kNWarps / kAtomMdQ)>, _16>>;
+                              Tile<Int<16 * kAtomMdQ>, Int<16 * (kNWarps / kAtomMdQ)>, Int<kMmaK>>>;
 
-  // Rows of Q/dO/K/V tiles: 64-element (128-byte) swizzle atoms, 32-element ones when d is not a multiple of 64.
-  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  // Rows of Q/dO/K/V tiles, 16-bit: 64-element (128-byte) swizzle atoms, 32-element ones when d is not a multiple
+  // of 64. fp32: whole rows padded by 16 bytes (4 floats): ldmatrix and the 128-bit cp.async writes stay
+  // conflict-free, the 32-bit reads of the transposed operands (no transposing ldmatrix for 32-bit) see at most
+  // 2-way conflicts, and every address such a read takes is one base plus compile-time offsets (a swizzled
+  // layout costs a register per loaded element there).
+  static constexpr int kPad = kFp32 ? 4 : 0;
+  static constexpr int kBlockKSmem = kFp32 ? 32 : kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
   using SmemLayoutAtomRow =
       decltype(composition(Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
-  using SmemLayoutQdO = decltype(tile_to_shape(SmemLayoutAtomRow{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtomRow{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  template <int kRows>
+  using SmemLayoutRows =
+      std::conditional_t<kFp32, Layout<Shape<Int<kRows>, Int<kHeadDim>>, Stride<Int<kHeadDim + kPad>, _1>>,
+                         decltype(tile_to_shape(SmemLayoutAtomRow{}, Shape<Int<kRows>, Int<kHeadDim>>{}))>;
+  using SmemLayoutQdO = SmemLayoutRows<kBlockM>;
+  using SmemLayoutKV = SmemLayoutRows<kBlockN>;
   // Transposed views for the operands read with ldmatrix.trans: Q^T, dO^T (dK, dV) and K^T (dQ).
   using SmemLayoutQdOt = decltype(composition(SmemLayoutQdO{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
   using SmemLayoutQdOtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutQdOt{}));
@@ -75,14 +115,18 @@ struct BwdTraits {
 
   // P and dS tiles (kBlockM x kBlockN), written from the S/dP accumulators and read as A of dV/dK (transposed)
   // and A of dQ.
-  using SmemLayoutAtomPdS = decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
-  using SmemLayoutPdS = decltype(tile_to_shape(SmemLayoutAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  static constexpr int kPdSAtomCols = kFp32 ? 32 : 64;  // fp32 takes the padded layout below, not this atom
+  using SmemLayoutAtomPdS =
+      decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, Int<kPdSAtomCols>>, Stride<Int<kPdSAtomCols>, _1>>{}));
+  using SmemLayoutPdS =
+      std::conditional_t<kFp32, Layout<Shape<Int<kBlockM>, Int<kBlockN>>, Stride<Int<kBlockN + kPad>, _1>>,
+                         decltype(tile_to_shape(SmemLayoutAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}))>;
   using SmemLayoutPdSt = decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
   using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
 
-  static constexpr int kSizeQdO = kBlockM * kHeadDim;
-  static constexpr int kSizeKV = kBlockN * kHeadDim;
-  static constexpr int kSizePdS = kBlockM * kBlockN;
+  static constexpr int kSizeQdO = kBlockM * (kHeadDim + kPad);
+  static constexpr int kSizeKV = kBlockN * (kHeadDim + kPad);
+  static constexpr int kSizePdS = kBlockM * (kBlockN + kPad);
   // Q and dO are double-buffered (the next query block loads during this one's math) when it fits the
   // 163 KB an A100 gives one CTA; d = 256 runs single-buffered (double-buffered, measured no faster on an
   // H100). Each stage also holds the fp32 LSE and D of its kBlockM rows, loaded with Q and dO so the softmax
@@ -95,15 +139,20 @@ struct BwdTraits {
   static constexpr int kSmemBytes = smem_bytes(kStages);
 
   // 128-bit cp.async global -> shared, kGmemThreadsPerRow threads per kBlockKSmem-wide row chunk.
-  static constexpr int kGmemElemsPerLoad = 8;
+  static constexpr int kGmemElemsPerLoad = 16 / int(sizeof(Element));
   static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;
   using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
   using GmemTiledCopy = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
                                                  GmemLayoutAtom{}, Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
 
-  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  // K-major operands: ldmatrix (also for tf32: one tf32 is a pair of b16). Transposed operands: ldmatrix.trans,
+  // or for tf32 one 32-bit load per element.
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, ElementMma>;
+  using SmemCopyAtomSdPB = std::conditional_t<kTileNSdP / (kNWarps / kAtomMSdP) == 8,
+                                              Copy_Atom<SM75_U32x2_LDSM_N, ElementMma>, SmemCopyAtom>;
+  using SmemCopyAtomTransposed =
+      std::conditional_t<kFp32, Copy_Atom<UniversalCopy<uint32_t>, ElementMma>, Copy_Atom<SM75_U16x8_LDSM_T, Element>>;
   using SmemCopyAtomPdS = Copy_Atom<DefaultCopy, Element>;
 };
 

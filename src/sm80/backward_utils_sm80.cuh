@@ -2,9 +2,13 @@
 // double-buffering over k, predicated global -> shared tile loads, and the (row, col) view of an MMA accumulator.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
+
+#include "sm80/utils_sm80.cuh"
 
 namespace cuteattn::detail::sm80_bwd {
 
@@ -29,15 +33,36 @@ __device__ __forceinline__ void gemm_ss(TiledMma& tiled_mma, TensorAcc& acc, Ten
                                         ThrCopyB const& thr_copy_b) {
   Tensor tCrA_view = thr_copy_a.retile_D(tCrA);  // (CPY, CPY_M, CPY_K)
   Tensor tCrB_view = thr_copy_b.retile_D(tCrB);  // (CPY, CPY_N, CPY_K)
-  copy(copy_a, tCsA(_, _, _0{}), tCrA_view(_, _, _0{}));
-  copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    if (k < size<2>(tCrA) - 1) {
-      copy(copy_a, tCsA(_, _, k + 1), tCrA_view(_, _, k + 1));
-      copy(copy_b, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1));
+  if constexpr (std::is_same_v<typename TensorRB::value_type, cutlass::tfloat32_t>) {
+    // tf32: a k8 slice of B over the whole N extent (d at d = 256) is as many registers as a k16 slice of the
+    // 16-bit kernels, and two of them next to the fp32 dK/dV accumulators spill; so B is loaded and consumed
+    // one copy tile (kPer n8 MMA columns: CPY_N index n holds MMA_N kPer n ... kPer n + kPer - 1) at a time.
+    constexpr int kPer = decltype(size<1>(tCrB))::value / decltype(size<1>(tCrB_view))::value;
+    static_assert(kPer * decltype(size<1>(tCrB_view))::value == decltype(size<1>(tCrB))::value);
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tCrA); ++k) {
+      copy(copy_a, tCsA(_, _, k), tCrA_view(_, _, k));
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(tCrB_view); ++n) {
+        copy(copy_b, tCsB(_, n, k), tCrB_view(_, n, k));
+        CUTE_UNROLL
+        for (int j = kPer * n; j < kPer * n + kPer; ++j) {
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(tCrA); ++m) cute::gemm(tiled_mma, tCrA(_, m, k), tCrB(_, j, k), acc(_, m, j));
+        }
+      }
     }
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+  } else {
+    copy(copy_a, tCsA(_, _, _0{}), tCrA_view(_, _, _0{}));
+    copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tCrA); ++k) {
+      if (k < size<2>(tCrA) - 1) {
+        copy(copy_a, tCsA(_, _, k + 1), tCrA_view(_, _, k + 1));
+        copy(copy_b, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1));
+      }
+      cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+    }
   }
 }
 
@@ -71,16 +96,26 @@ __device__ __forceinline__ void cp_async_f32(const float* src, float* dst, bool 
                                                   *reinterpret_cast<uint32_t*>(dst), pred);
 }
 
-// Conversion of a whole register fragment (fp32 accumulators to the input dtype), two elements per instruction.
+// Conversion of a whole register fragment (fp32 accumulators to the MMA input type), two elements per
+// instruction; to tf32 with cvt.rna, the rounding the fp32 inputs get.
 template <class To, class TensorIn>
 __device__ __forceinline__ auto convert_fragment(TensorIn const& in) {
   using From = typename TensorIn::value_type;
   constexpr int kNumel = decltype(size(in))::value;
-  cutlass::NumericArrayConverter<To, From, kNumel> convert;
   Tensor out = make_tensor<To>(in.layout());  // shape of `in`
-  *reinterpret_cast<cutlass::Array<To, kNumel>*>(out.data()) =
-      convert(*reinterpret_cast<const cutlass::Array<From, kNumel>*>(in.data()));
+  if constexpr (std::is_same_v<To, cutlass::tfloat32_t>) {
+    CUTE_UNROLL
+    for (int i = 0; i < kNumel; ++i) {
+      out(i) = cutlass::tfloat32_t::bitcast(__float_as_uint(::cuteattn::sm80::round_to_tf32(float(in(i)))));
+    }
+  } else {
+    cutlass::NumericArrayConverter<To, From, kNumel> convert;
+    *reinterpret_cast<cutlass::Array<To, kNumel>*>(out.data()) =
+        convert(*reinterpret_cast<const cutlass::Array<From, kNumel>*>(in.data()));
+  }
   return out;
 }
+
+using ::cuteattn::sm80::round_tile_to_tf32;
 
 }  // namespace cuteattn::detail::sm80_bwd

@@ -243,6 +243,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     Tensor acc_s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (ROWS, COLS)
 
     cp_async_wait<0>();
+    if constexpr (Traits::kFp32) {  // each thread rounds what its own copies wrote, before the barrier
+      if (n_block == n_block_max - 1) round_tile_to_tf32(tQsQ);
+      round_tile_to_tf32(tKsK);
+    }
     __syncthreads();  // K(n) visible to all warps; every warp is done with V(n+1)
     {
       Tensor tVgV = gmem_thr_copy.partition_S(gV_block(n_block));  // (CPY, CPY_N, CPY_K)
@@ -290,6 +294,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     }
 
     cp_async_wait<0>();
+    if constexpr (Traits::kFp32) round_tile_to_tf32(tVsV);
     __syncthreads();  // V(n) visible to all warps; every warp is done reading K(n)
     if (n_block > n_block_min) {
       Tensor tKgK = gmem_thr_copy.partition_S(gK_block(n_block - 1));  // (CPY, CPY_N, CPY_K)
@@ -299,8 +304,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
 
     if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2);
 
-    Tensor rP = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
-    Tensor tOrP = make_tensor(rP.data(), acc_layout_as_a_operand(rP.layout()));  // ((2,2,2), MMA_M, MMA_N / 2)
+    Tensor rP = convert_fragment<typename Traits::ElementMma>(acc_s);  // (MMA, MMA_M, MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), [&] {
+      if constexpr (Traits::kFp32) {
+        return acc_layout_as_tf32_a_operand(rP.layout());  // ((2,2), MMA_M, MMA_N)
+      } else {
+        return acc_layout_as_a_operand(rP.layout());  // ((2,2,2), MMA_M, MMA_N / 2)
+      }
+    }());
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   };
 

@@ -12,6 +12,7 @@
 #include "core/params.h"
 #include "cuteattn/attention.h"
 #include "cuteattn/types.h"
+#include "sm80/device_info_sm80.h"
 #include "sm80/forward_kernel_sm80.cuh"
 #include "sm80/kernel_traits_fwd_sm80.cuh"
 
@@ -27,12 +28,15 @@ template <>
 struct Sm80Element<DType::kBFloat16> {
   using type = cutlass::bfloat16_t;
 };
+template <>
+struct Sm80Element<DType::kFloat32> {
+  using type = float;  // the MMAs read it as tf32
+};
 
 template <ScoreFunction kScore, DType kDType, int kHeadDim>
 struct Sm80Forward {
-  static_assert(kDType == DType::kFloat16 || kDType == DType::kBFloat16,
-                "the sm80 forward kernels take fp16/bf16 (tf32 is not implemented)");
   static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
+  static_assert(!(kHstu && kDType == DType::kFloat32), "HSTU runs in fp16/bf16 only");
   using Traits = sm80::ForwardTraits<typename Sm80Element<kDType>::type, kHeadDim, kHstu>;
 
   static Status supports(const Params& p) {
@@ -55,6 +59,11 @@ struct Sm80Forward {
     if (p.heads_k <= 0 || p.heads % p.heads_k != 0) return Status::NotSupported("sm80 forward: heads % heads_k");
     if (kHstu && p.rab != nullptr && p.rab_heads != 1 && p.rab_heads != p.heads) {
       return Status::NotSupported("sm80 forward: rab heads must be 1 or h");
+    }
+    // Dynamic tiles plus the kernel's static mask spans (e.g. fp32 d = 128 needs more than sm86/89's 99 KB).
+    if (Sm80DeviceInfo::of(p.device_index).smem_optin < Traits::kSmemBytes + Traits::kBlockM * 16 + 8) {
+      return Status::NotSupported("sm80 forward: the device has too little shared memory for head dim " +
+                                  std::to_string(kHeadDim));
     }
     return Status::Ok();
   }

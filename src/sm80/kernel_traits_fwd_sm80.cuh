@@ -1,6 +1,9 @@
 // Compile-time configuration of the sm80 forward kernel: tile sizes per head-dim bucket (one constexpr
-// function), the tiled MMA, swizzled shared-memory layouts and the copy atoms (cp.async, ldmatrix).
+// function), the tiled MMA, shared-memory layouts (swizzled for 16-bit, padded rows for fp32) and the copy atoms
+// (cp.async, ldmatrix, 32-bit loads of the tf32 V^T).
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -29,19 +32,29 @@ struct FwdTileConfig {
 //    fits sm80's 163 KiB and sm90's 227 KiB per block.
 //  - HSTU: the rab tile is a third (ROWS x COLS) register array next to S and O, so the query block is
 //    halved: 64 x 64, 4 warps (and 8 warps from d = 192 on, for the output registers).
-constexpr FwdTileConfig fwd_tile_config(int head_dim, bool hstu) {
+//  - fp32 (tf32 MMAs): shared memory doubles, so the tiles shrink: 64 x 64 for d <= 128 (75 KB at d = 96,
+//    so sm86/89's 99 KB fit up to there; 99 KB + the static mask spans at d = 128), 64 x 32 for d = 192, 256
+//    (96 / 128 KB, sm80's 163 KB), 4 warps (at most 128 O + 16 S registers per thread). 128 x 64 spilled at
+//    d = 64: the k8 slices of the tf32 MMAs double the operand loads in flight.
+constexpr FwdTileConfig fwd_tile_config(int head_dim, bool hstu, bool fp32) {
+  if (fp32) return head_dim <= 128 ? FwdTileConfig{64, 64, 4} : FwdTileConfig{64, 32, 4};
   if (hstu) return head_dim <= 128 ? FwdTileConfig{64, 64, 4} : FwdTileConfig{128, 64, 8};
   if (head_dim <= 128) return {128, 64, 4};
   return {128, 64, 8};
 }
 
+// Element: the dtype of q, k, v and out in global memory (half, bfloat16 or float); ElementMma: what the MMAs
+// read (tfloat32 for float inputs: tiles are rounded to tf32 in shared memory, P when it is formed).
 template <class Element_, int kHeadDim_, bool kHstu_>
 struct ForwardTraits {
   using Element = Element_;
   using ElementAccum = float;
+  static constexpr bool kFp32 = std::is_same_v<Element, float>;
+  using ElementMma = std::conditional_t<kFp32, cutlass::tfloat32_t, Element>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kHstu = kHstu_;
-  static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim, kHstu);
+  static_assert(!(kFp32 && kHstu), "HSTU runs in fp16/bf16 only");
+  static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim, kHstu, kFp32);
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kNWarps = kConfig.warps;
@@ -49,34 +62,53 @@ struct ForwardTraits {
   static_assert(kHeadDim % 32 == 0, "head-dim buckets are multiples of 32");
   static_assert(kBlockM == 16 * kNWarps || kBlockM == 32 * kNWarps, "each warp owns 16 or 32 rows");
 
-  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
-                                     SM80_16x8x16_F32BF16BF16F32_TN>;
+  using MmaAtom = std::conditional_t<
+      kFp32, SM80_16x8x8_F32TF32TF32F32_TN,
+      std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
+                         SM80_16x8x16_F32BF16BF16F32_TN>>;
+  static constexpr int kMmaK = kFp32 ? 8 : 16;
   // Warps tile M; the permutation makes the N extent 16 so ldmatrix.x4 fills two n8 MMAs of B at once.
-  using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kNWarps>, _1, _1>>, Tile<Int<16 * kNWarps>, _16, _16>>;
+  using TiledMma =
+      TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kNWarps>, _1, _1>>, Tile<Int<16 * kNWarps>, _16, Int<kMmaK>>>;
 
-  // Shared layouts: rows of 64 (or 32) elements, XOR-swizzled in 16-byte chunks so that both the 128-bit
-  // cp.async writes (8 threads cover one 128-byte row) and the ldmatrix reads (8 rows of one 16-byte
+  // Shared layouts, 16-bit: rows of 64 (or 32) elements, XOR-swizzled in 16-byte chunks so that both the
+  // 128-bit cp.async writes (8 threads cover one 128-byte row) and the ldmatrix reads (8 rows of one 16-byte
   // column) hit 8 distinct bank groups.
-  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  // fp32: whole rows of d floats padded by 16 bytes. ldmatrix (8 rows of 16 bytes) and cp.async stay
+  // conflict-free as with a swizzle, and so do the 32-bit V^T reads (lanes (t, g) read key 2t (+1), column g:
+  // bank 8t + g); unlike a swizzle, every address a thread reads is one base plus compile-time offsets (a
+  // swizzled V^T costs one register per loaded element and spills).
+  static constexpr int kBlockKSmem = kFp32 ? 32 : kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kSwizzleBits = kBlockKSmem == 64 ? 3 : 2;
   using SmemLayoutAtom =
       decltype(composition(Swizzle<kSwizzleBits, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
-  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  // V seen as V^T (kHeadDim, kBlockN) over the same bytes, read with ldmatrix.trans for the B operand of P V.
-  using SmemLayoutVt =
-      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  template <int kRows>
+  using SmemLayoutRows =
+      std::conditional_t<kFp32, Layout<Shape<Int<kRows>, Int<kHeadDim>>, Stride<Int<kHeadDim + 4>, _1>>,
+                         decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kRows>, Int<kHeadDim>>{}))>;
+  using SmemLayoutQ = SmemLayoutRows<kBlockM>;
+  using SmemLayoutKV = SmemLayoutRows<kBlockN>;
+  // V seen as V^T (kHeadDim, kBlockN) over the same bytes, the B operand of P V. 16-bit: read with
+  // ldmatrix.trans. fp32: read with 32-bit loads (no transposing ldmatrix for 32-bit elements), and the keys of
+  // every k8 slice permuted as acc_layout_as_tf32_a_operand expects: logical key (k0, k1) of (4, 2) is key
+  // 2 k0 + k1.
+  using VtKeys = std::conditional_t<kFp32, Layout<Shape<Shape<_4, _2, Int<kBlockN / 8>>>, Stride<Stride<_2, _1, _8>>>,
+                                    Layout<Shape<Int<kBlockN>>, Stride<_1>>>;
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Layout<Shape<Int<kHeadDim>>, Stride<Int<kBlockN>>>{}, VtKeys{})));
   using SmemLayoutO = SmemLayoutQ;
 
   static constexpr int kSmemQBytes = int(cosize(SmemLayoutQ{})) * int(sizeof(Element));
   static constexpr int kSmemKVBytes = int(cosize(SmemLayoutKV{})) * int(sizeof(Element));
   static constexpr int kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes;
 
-  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
-  using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // 2 adjacent accumulator values
+  // K-major operands (Q, K): ldmatrix, also for tf32 (one tf32 = a pair of b16). V^T: see SmemLayoutVt.
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, ElementMma>;
+  using SmemCopyAtomTransposed =
+      std::conditional_t<kFp32, Copy_Atom<UniversalCopy<uint32_t>, ElementMma>, Copy_Atom<SM75_U16x8_LDSM_T, Element>>;
+  using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint_bit_t<2 * sizeof_bits_v<Element>>>, Element>;  // 2 adjacent values
 
-  // Global <-> shared: every thread moves 8 contiguous elements (128 bits) per copy.
+  // Global <-> shared: every thread moves 16 contiguous bytes (8 16-bit or 4 fp32 elements) per copy.
   static constexpr int kGmemElemsPerLoad = 16 / int(sizeof(Element));
   static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;
   static_assert(kNThreads % kGmemThreadsPerRow == 0);

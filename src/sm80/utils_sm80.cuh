@@ -3,6 +3,8 @@
 // pipelined shared->register GEMM. Stable interface: the backward kernels include this file too.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 
 #include <cutlass/array.h>
@@ -36,15 +38,50 @@ CUTE_HOST_DEVICE constexpr auto acc_layout_as_a_operand(Layout acc) {
                      get<2, 1>(split));
 }
 
-// Element-wise conversion of a register fragment to another numeric type, keeping its layout.
+// Reinterpret the accumulator layout of S (16x8x8 tf32 atoms) as the A-operand layout of P V without moving
+// data. The C fragment holds columns (2t, 2t+1) of row g (and g+8), the A fragment wants columns (t, t+4):
+// instead of shuffling, the k axis of every k8 slice is permuted, logical k = t <-> key 2t and k = t+4 <->
+// key 2t+1, and V is read through the same permutation (SmemLayoutVt of the fp32 traits). A value
+// (row half, k half) is then C value (column parity, row half): the two value modes swap.
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_layout_as_tf32_a_operand(Layout acc) {
+  static_assert(decltype(rank<0>(acc))::value == 2, "expects an SM80 accumulator layout ((2,2),M,N)");
+  return make_layout(make_layout(get<0, 1>(acc), get<0, 0>(acc)), get<1>(acc), get<2>(acc));
+}
+
+// fp32 -> tf32 rounding to nearest, ties away from zero (cvt.rna), as a float whose low 13 mantissa bits are 0.
+CUTE_DEVICE float round_to_tf32(float x) {
+  uint32_t bits;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
+  return __uint_as_float(bits);
+}
+
+// Rounds, in place, the fp32 shared-memory elements a thread wrote with its own cp.async copies (call after
+// cp_async_wait, before the barrier that publishes them): the tf32 MMAs then read operands rounded once per
+// load, not once per warp that reads them. A no-op for 16-bit tiles.
+template <class TS>
+CUTE_DEVICE void round_tile_to_tf32(TS&& tXsX) {
+  if constexpr (std::is_same_v<typename std::remove_reference_t<TS>::value_type, float>) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tXsX); ++i) tXsX(i) = round_to_tf32(tXsX(i));
+  }
+}
+
+// Element-wise conversion of a register fragment to another numeric type, keeping its layout. To tf32 it
+// rounds with cvt.rna (the rounding the inputs get), not with CUTLASS's converter.
 template <class To, class Engine, class Layout>
 CUTE_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& src) {
   using From = typename Engine::value_type;
   constexpr int kN = decltype(size(src))::value;
-  cutlass::NumericArrayConverter<To, From, kN> converter;
-  auto packed = converter(*reinterpret_cast<cutlass::Array<From, kN> const*>(src.data()));
   Tensor dst = make_tensor_like<To>(src);
-  *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) = packed;
+  if constexpr (std::is_same_v<To, cutlass::tfloat32_t>) {
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) dst(i) = cutlass::tfloat32_t::bitcast(__float_as_uint(round_to_tf32(float(src(i)))));
+  } else {
+    cutlass::NumericArrayConverter<To, From, kN> converter;
+    *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
+        converter(*reinterpret_cast<cutlass::Array<From, kN> const*>(src.data()));
+  }
   return dst;
 }
 
@@ -127,11 +164,30 @@ template <class TA, class TB, class TC, class TsB, class TiledMma, class CopyB, 
 CUTE_DEVICE void gemm_rs(TC& acc, TA const& tCrA, TB& tCrB, TsB const& tCsB, TiledMma const& tiled_mma,
                          CopyB const& copy_b, ThrCopyB const& thr_copy_b) {
   Tensor tCrB_view = thr_copy_b.retile_D(tCrB);  // (CPY, CPY_N, CPY_K)
-  cute::copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int i = 0; i < size<2>(tCrA); ++i) {
-    if (i + 1 < size<2>(tCrA)) cute::copy(copy_b, tCsB(_, _, i + 1), tCrB_view(_, _, i + 1));
-    cute::gemm(tiled_mma, tCrA(_, _, i), tCrB(_, _, i), acc);
+  if constexpr (std::is_same_v<typename TB::value_type, cutlass::tfloat32_t>) {
+    // tf32 B (V^T, one 32-bit load per element): a whole k8 slice is d / 4 registers per thread, which next to
+    // the fp32 output accumulators spills from d = 192 on; so B is loaded and consumed one copy tile (two n8
+    // MMA columns) at a time. CPY_N index n holds MMA_N columns 2n and 2n + 1.
+    static_assert(decltype(size<1>(tCrB))::value == 2 * decltype(size<1>(tCrB_view))::value);
+    CUTE_UNROLL
+    for (int i = 0; i < size<2>(tCrA); ++i) {
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(tCrB_view); ++n) {
+        cute::copy(copy_b, tCsB(_, n, i), tCrB_view(_, n, i));
+        CUTE_UNROLL
+        for (int j = 2 * n; j < 2 * n + 2; ++j) {
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(tCrA); ++m) cute::gemm(tiled_mma, tCrA(_, m, i), tCrB(_, j, i), acc(_, m, j));
+        }
+      }
+    }
+  } else {
+    cute::copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
+    CUTE_UNROLL
+    for (int i = 0; i < size<2>(tCrA); ++i) {
+      if (i + 1 < size<2>(tCrA)) cute::copy(copy_b, tCsB(_, _, i + 1), tCrB_view(_, _, i + 1));
+      cute::gemm(tiled_mma, tCrA(_, _, i), tCrB(_, _, i), acc);
+    }
   }
 }
 

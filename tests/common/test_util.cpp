@@ -351,6 +351,14 @@ References make_references(const Case& c, bool backward) {
   return r;
 }
 
+References make_references_tf32(const Case& c, bool backward) {
+  References r{c.fp32_copy(), c.fresh_copy()};
+  if (run_forward(r.ref, Backend::kCpuReference) && backward) run_backward(r.ref, Backend::kCpuReference);
+  plain_forward_tf32(r.plain);
+  if (backward) plain_backward_tf32(r.plain);
+  return r;
+}
+
 void expect_matches(const Case& ours, const References& refs, bool backward) {
   EXPECT_TRUE(check_close("out", ours.out, refs.plain.out, refs.ref.out, kForwardFactor));
   if (!ours.lse.empty()) {
@@ -419,17 +427,29 @@ detail::Params mask_params(const Case& c) {
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// fp32 -> tf32 (10-bit mantissa) rounding to nearest, ties away from zero: cvt.rna.tf32.f32 of the GPU kernels.
+float round_tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+
 struct Plain {
   Case& c;
   DType dt;
+  bool tf32;  // matmul operands rounded to tf32 (plain_forward_tf32 / plain_backward_tf32)
   int64_t h, hk, group, d, dv;
   bool hstu;
   float scale, inv_scaling;
   detail::Params mp;
 
-  explicit Plain(Case& cs)
+  Plain(Case& cs, bool tf32_operands)
       : c(cs),
         dt(cs.cfg.dtype),
+        tf32(tf32_operands),
         h(cs.cfg.heads),
         hk(cs.cfg.heads_k),
         group(cs.cfg.heads / cs.cfg.heads_k),
@@ -443,6 +463,8 @@ struct Plain {
   }
   int64_t batches() const { return c.cfg.varlen() ? static_cast<int64_t>(c.cfg.seqlens_q.size()) : c.cfg.batch; }
   float r(float x) const { return round_to(dt, x); }
+  // A matmul operand: unchanged, or rounded to tf32.
+  float op(float x) const { return tf32 ? round_tf32(x) : x; }
 
   // Row i of head `head`: the rounded scores (HSTU: the rounded pre-activation), P (rounded), LSE.
   void row(const Layout& L, int64_t head, int64_t i, std::vector<float>& S, std::vector<float>& P, float& lse) const {
@@ -454,7 +476,7 @@ struct Plain {
       vis[j] = detail::cpu::reference_visible(mp, L.bi, L.sq, L.sk, i, j);
       if (!vis[j]) continue;
       float acc = 0.0f;
-      for (int64_t x = 0; x < d; ++x) acc += c.q.get(L.qi(i, head, h, d, x)) * c.k.get(L.ki(j, head / group, hk, d, x));
+      for (int64_t x = 0; x < d; ++x) acc += op(c.q.get(L.qi(i, head, h, d, x))) * op(c.k.get(L.ki(j, head / group, hk, d, x)));
       float s = r(acc);
       if (hstu) {
         if (!c.rab.empty()) s = r(s + c.rab.get(L.rab_index(head, i + L.sk - L.sq, j)));
@@ -489,7 +511,7 @@ struct Plain {
           o.assign(dv, 0.0f);
           for (int64_t j = 0; j < L.sk; ++j)
             if (P[j] != 0.0f)
-              for (int64_t x = 0; x < dv; ++x) o[x] += P[j] * c.v.get(L.ki(j, head / group, hk, dv, x));
+              for (int64_t x = 0; x < dv; ++x) o[x] += op(P[j]) * op(c.v.get(L.ki(j, head / group, hk, dv, x)));
           for (int64_t x = 0; x < dv; ++x) c.out.set(L.qi(i, head, h, dv, x), r(o[x]));
           if (!c.lse.empty()) c.lse.set(L.lse_index(head, i), lse);
         }
@@ -511,7 +533,7 @@ struct Plain {
           for (int64_t j = 0; j < L.sk; ++j) {
             if (!detail::cpu::reference_visible(mp, bi, L.sq, L.sk, i, j)) continue;
             float acc = 0.0f;
-            for (int64_t x = 0; x < dv; ++x) acc += c.dout.get(L.qi(i, head, h, dv, x)) * c.v.get(L.ki(j, kh, hk, dv, x));
+            for (int64_t x = 0; x < dv; ++x) acc += op(c.dout.get(L.qi(i, head, h, dv, x))) * op(c.v.get(L.ki(j, kh, hk, dv, x)));
             dP[j] = r(acc);
             D += P[j] * dP[j];
           }
@@ -532,10 +554,10 @@ struct Plain {
               ds = r(ds * scale);
             }
             for (int64_t x = 0; x < d; ++x) {
-              dq[x] += ds * c.k.get(L.ki(j, kh, hk, d, x));
-              dk[L.ki(j, kh, hk, d, x)] += ds * c.q.get(L.qi(i, head, h, d, x));
+              dq[x] += op(ds) * op(c.k.get(L.ki(j, kh, hk, d, x)));
+              dk[L.ki(j, kh, hk, d, x)] += op(ds) * op(c.q.get(L.qi(i, head, h, d, x)));
             }
-            for (int64_t x = 0; x < dv; ++x) dvacc[L.ki(j, kh, hk, dv, x)] += P[j] * c.dout.get(L.qi(i, head, h, dv, x));
+            for (int64_t x = 0; x < dv; ++x) dvacc[L.ki(j, kh, hk, dv, x)] += op(P[j]) * op(c.dout.get(L.qi(i, head, h, dv, x)));
           }
           for (int64_t x = 0; x < d; ++x) c.dq.set(L.qi(i, head, h, d, x), r(dq[x]));
         }
@@ -549,7 +571,9 @@ struct Plain {
 
 }  // namespace
 
-void plain_forward(Case& c) { Plain(c).forward(); }
-void plain_backward(Case& c) { Plain(c).backward(); }
+void plain_forward(Case& c) { Plain(c, false).forward(); }
+void plain_backward(Case& c) { Plain(c, false).backward(); }
+void plain_forward_tf32(Case& c) { Plain(c, true).forward(); }
+void plain_backward_tf32(Case& c) { Plain(c, true).backward(); }
 
 }  // namespace cuteattn::test

@@ -6,7 +6,8 @@
 //    GPU tests copy the buffers to the device and swap the data pointers of the returned args.
 //  - softmax_fixed / softmax_varlen / hstu_varlen / with: the CaseConfig builders every suite uses.
 //  - plain_forward / plain_backward: the unfused low-precision computation (every intermediate rounded to
-//    the case dtype, as an unfused PyTorch bf16/fp16 evaluation does), the yardstick of the tolerance rule.
+//    the case dtype, as an unfused PyTorch bf16/fp16 evaluation does), the yardstick of the tolerance rule;
+//    plain_*_tf32: the same for fp32 inputs with tf32 tensor-core matmuls (the GPU fp32 kernels).
 //  - check_close: err(ours vs float64 reference) <= factor * err(plain vs reference) + atol, every element
 //    written (no NaN left from the poison), with a readable failure message.
 //
@@ -144,6 +145,11 @@ struct Case {
 // softmax), respectively dq, dk, dv (and drab when requested). plain_backward recomputes the forward itself.
 void plain_forward(Case& c);
 void plain_backward(Case& c);
+// The plain computation of fp32 inputs on tensor cores with tf32 math (PyTorch's allow_tf32): every matmul
+// operand (q, k, v, dout, P, dS) rounded to tf32 (10-bit mantissa, to nearest with ties away from zero, as
+// cvt.rna.tf32.f32), fp32 accumulation, fp32 softmax. The yardstick of the GPU fp32 cases; fp32 cases only.
+void plain_forward_tf32(Case& c);
+void plain_backward_tf32(Case& c);
 
 // Runs the forward / backward of `c` on the CPU with `backend` (kCpu or kCpuReference); a non-ok status fails
 // the test (ADD_FAILURE) and returns false. run_backward reads c.out and c.lse as the forward left them.
@@ -156,6 +162,8 @@ struct References {
   Case ref, plain;
 };
 References make_references(const Case& c, bool backward);
+// The same with `plain` from plain_forward_tf32 / plain_backward_tf32 (GPU fp32 cases).
+References make_references_tf32(const Case& c, bool backward);
 
 // The tolerance rule for every output of `ours` (filled by any backend; GPU tests copy their results into
 // it): out 2x, gradients 3x (5x for HSTU), dRab 5x, each + the default atol; LSE within 1e-4 * (1 + max|LSE|)

@@ -146,7 +146,11 @@ void check_forward_on_device(const CaseConfig& cfg, Backend backend, int64_t bat
   Case ref = c.fp32_copy();
   ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
   Case plain = c.fresh_copy();
-  plain_forward(plain);
+  if (cfg.dtype == DType::kFloat32) {
+    plain_forward_tf32(plain);  // the GPU kernels compute fp32 inputs with tf32 MMAs
+  } else {
+    plain_forward(plain);
+  }
 
   {
     DeviceCase dc(c, backend, DeviceCase::Pass::kForward, batch_stride);
@@ -169,7 +173,11 @@ void check_backward_on_device(const CaseConfig& cfg, Backend backend, bool deter
   ASSERT_TRUE(run_forward(ref, Backend::kCpuReference));
   ASSERT_TRUE(run_backward(ref, Backend::kCpuReference));
   Case plain = c.fresh_copy();
-  plain_backward(plain);
+  if (cfg.dtype == DType::kFloat32) {
+    plain_backward_tf32(plain);
+  } else {
+    plain_backward(plain);
+  }
 
   const bool softmax = cfg.score == ScoreFunction::kSoftmax;
   if (fwd == ForwardOn::kCpu && softmax) {

@@ -60,7 +60,8 @@ class DeviceCase {
 };
 
 // Runs the forward of `backend` on a fresh random case of `cfg` through a DeviceCase (with `batch_stride`) and
-// checks out, and LSE for softmax, against the float64 oracle under the forward factor.
+// checks out, and LSE for softmax, against the float64 oracle under the forward factor. The yardstick of fp32
+// cases is the plain tf32 computation (plain_forward_tf32 / plain_backward_tf32), also for the backward.
 void check_forward_on_device(const CaseConfig& cfg, Backend backend, int64_t batch_stride = 0);
 
 // Where a softmax backward's O and LSE come from: the CPU tiled forward, or the GPU forward of the same backend.

@@ -42,6 +42,13 @@ TEST(Sanitize, Sm80BackwardDeterministic) {
   check_backward_on_device(small_hstu(64), Backend::kSm80, /*deterministic=*/true);
 }
 
+TEST(Sanitize, Sm80Fp32ForwardBackward) {
+  CaseConfig cfg = small_softmax(64);
+  cfg.dtype = DType::kFloat32;
+  check_forward_on_device(cfg, Backend::kSm80);
+  check_backward_on_device(cfg, Backend::kSm80, /*deterministic=*/false, /*repeats=*/0, ForwardOn::kGpu);
+}
+
 TEST(Sanitize, Sm90ForwardSoftmax) { check_forward_on_device(small_softmax(128), Backend::kSm90); }
 
 TEST(Sanitize, Sm90ForwardHstu) {

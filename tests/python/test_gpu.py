@@ -219,3 +219,98 @@ def test_gpu_backend_resolution():
     expected = "sm90" if torch.cuda.get_device_capability()[0] == 9 else "sm80"
     assert chosen == expected, f"auto picked {chosen}"
     assert cuteattn.compiled_archs()
+
+
+# ---- fp32 inputs: tf32 tensor-core math on the sm80 kernels ----
+
+
+def _round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> tf32 (10-bit mantissa), to nearest with ties away from zero, as cvt.rna.tf32.f32."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32).view_as(x)
+
+
+class _Tf32Operand(torch.autograd.Function):
+    """A matmul operand rounded to tf32; the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _round_tf32(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _Tf32Grad(torch.autograd.Function):
+    """Identity whose incoming gradient is rounded to tf32: the gradient of a matmul result is the operand of the
+    backward matmuls (dO in dP = dO V^T and dV = P^T dO, dS in dQ = dS K and dK = dS^T Q)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _round_tf32(g)
+
+
+@pytest.fixture
+def tf32_plain(monkeypatch):
+    """fp32 CUDA inputs run on tf32 MMAs, so the plain yardstick of the rule is the fp32 computation with tf32
+    matmuls: every matmul operand rounded to tf32 (q, k, v, P, and dO, dS in the backward), fp32 accumulation,
+    fp32 softmax. allow_tf32 alone does not give that (cuBLAS keeps full fp32 for some shapes, e.g. d = 32), so
+    the einsums of the reference round their fp32 operands explicitly; float64 (the oracle) is untouched."""
+    einsum = torch.einsum
+
+    def tf32_einsum(eq, *ops):
+        if all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in ops):
+            return _Tf32Grad.apply(einsum(eq, *(_Tf32Operand.apply(t) for t in ops)))
+        return einsum(eq, *ops)
+
+    monkeypatch.setattr(torch, "einsum", tf32_einsum)
+    yield
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 192, 256])
+def test_flash_fixed_fp32_gpu(tf32_plain, d, mask):
+    torch.manual_seed(d + 7 * len(mask))
+    b, sq, sk, h, hk = 2, 113, 1023, 8, 2
+    q = randn(b, sq, h, d, dtype=torch.float32, device=CUDA)
+    k = randn(b, sk, hk, d, dtype=torch.float32, device=CUDA)
+    v = randn(b, sk, hk, d, dtype=torch.float32, device=CUDA)
+    check_flash(q, k, v, **MASKS[mask])
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_flash_varlen_fp32_gpu(tf32_plain, mask):
+    torch.manual_seed(11)
+    lens_q, lens_k = [0, 1, 113, 1023, 7, 0, 300], [5, 0, 113, 1023, 64, 0, 4224]
+    h, hk, d = 4, 1, 128
+    q = randn(sum(lens_q), h, d, dtype=torch.float32, device=CUDA)
+    k = randn(sum(lens_k), hk, d, dtype=torch.float32, device=CUDA)
+    v = randn(sum(lens_k), hk, d, dtype=torch.float32, device=CUDA)
+    check_flash(q, k, v, cu_seqlens(lens_q, CUDA), cu_seqlens(lens_k, CUDA), max(lens_q), max(lens_k),
+                **MASKS[mask])  # fmt: skip
+
+
+def test_flash_fp32_deterministic_gpu():
+    torch.manual_seed(13)
+    q = randn(2, 515, 8, 64, dtype=torch.float32, device=CUDA)
+    k = randn(2, 515, 2, 64, dtype=torch.float32, device=CUDA)
+    v = randn(2, 515, 2, 64, dtype=torch.float32, device=CUDA)
+    dout = torch.randn(2, 515, 8, 64, device=CUDA)
+    runs = [_run(lambda q, k, v: cuteattn.flash_attn_func(q, k, v, causal=True, deterministic=True), [q, k, v], dout)
+            for _ in range(3)]  # fmt: skip
+    for got in runs[1:]:
+        for a, b in zip(got, runs[0]):
+            assert torch.equal(a, b)
+
+
+def test_hstu_fp32_gpu_refused():
+    lens = [113, 0, 64]
+    cu = cu_seqlens(lens, CUDA)
+    q, k, v = (randn(sum(lens), 2, 64, dtype=torch.float32, device=CUDA) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="fp32"):
+        cuteattn.hstu_attn_varlen_func(q, k, v, cu, cu, 113, 113, alpha=1.0 / 64)
