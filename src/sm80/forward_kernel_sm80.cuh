@@ -114,6 +114,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   }
   const int n_block_min = int(keys.begin / kBlockN);
   const int n_block_max = int((keys.end + kBlockN - 1) / kBlockN);
+  // The walk goes down from n_block_max - 1 and jumps over the key blocks no row of this block sees (target
+  // keys before the rows' own target groups: Mask::key_hole).
+  const Range skipped = detail::blocks_inside(mask.key_hole(m0, m0 + kBlockM), kBlockN);
+  auto next_block = [&](int n_block) {
+    return n_block - 1 >= skipped.begin && n_block - 1 < skipped.end ? int(skipped.begin) - 1 : n_block - 1;
+  };
 
   // Per-row visible key spans (sequence key indices < 2^31: cu_seqlens are int32), and the keys every
   // row of the block sees, [full_lo, full_hi): tiles inside it skip the element mask. Kept in shared
@@ -296,8 +302,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     cp_async_wait<0>();
     if constexpr (Traits::kFp32) round_tile_to_tf32(tVsV);
     __syncthreads();  // V(n) visible to all warps; every warp is done reading K(n)
-    if (n_block > n_block_min) {
-      Tensor tKgK = gmem_thr_copy.partition_S(gK_block(n_block - 1));  // (CPY, CPY_N, CPY_K)
+    if (next_block(n_block) >= n_block_min) {
+      Tensor tKgK = gmem_thr_copy.partition_S(gK_block(next_block(n_block)));  // (CPY, CPY_N, CPY_K)
       copy_tile_predicated<false>(gmem_tiled_copy, tKgK, tKsK, tKVcKV, tQKp, kBlockN);
       cp_async_fence();
     }
@@ -318,7 +324,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   const bool feature = kHstu ? rab_ptr != nullptr : has_softcap;
   using Yes = std::true_type;
   using No = std::false_type;
-  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {
+  for (int n_block = n_block_max - 1; n_block >= n_block_min; n_block = next_block(n_block)) {
     const bool full = n_block * kBlockN >= full_lo && n_block * kBlockN + kBlockN <= full_hi;
     if (feature) {
       full ? step(n_block, No{}, Yes{}) : step(n_block, Yes{}, Yes{});

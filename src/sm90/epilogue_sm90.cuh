@@ -1,14 +1,18 @@
-// Epilogue of the sm90 forward kernel: writes one consumer warpgroup's O rows, predicated on the sequence's
-// rows (varlen tiles end inside the next sequence); softmax normalises them first and writes LSE, HSTU writes
-// O as accumulated. Also the O = 0 / LSE = -inf tile for rows that see no key.
+// Epilogue of the sm90 forward kernel: writes one consumer warpgroup's O rows; softmax normalises them first and
+// writes LSE (direct stores), HSTU writes O as accumulated. O goes through a shared-memory staging tile and a
+// TMA store where the traits have room for one (kStoreOWithTma) and the warpgroup's 64 rows lie inside the
+// sequence; otherwise (varlen tiles ending inside the next sequence, large head dims) straight from registers,
+// predicated on the sequence's rows. Also the O = 0 / LSE = -inf tile for rows that see no key.
 #pragma once
 
 #include <cmath>
 
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
 #include "core/params.h"
 #include "sm90/kernel_traits_sm90.cuh"
+#include "sm90/named_barriers_sm90.cuh"
 #include "sm90/softmax_sm90.cuh"
 #include "sm90/tile_scheduler_sm90.cuh"
 
@@ -19,24 +23,23 @@ using namespace cute;
 template <class Traits>
 struct ForwardEpilogueSm90 {
   using Element = typename Traits::Element;
+  using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDim = Traits::kHeadDim;
-  static constexpr int kRowsPerWG = kBlockM / Traits::kNumMmaWarpGroups;
+  static constexpr int kRowsPerWG = Traits::kRowsPerWarpGroup;
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
   static constexpr int kChunksPerThread = kRowsPerWG * kChunksPerRow / 128;
   static_assert(kRowsPerWG * kChunksPerRow % 128 == 0);
 
   // `tid`: index among the consumer threads (warpgroup tid / 128 owns rows [64 wg, 64 wg + 64) of the tile).
-  // Each thread writes its accumulator's column pairs straight from registers: a quad covers 16 contiguous
-  // bytes of a row. (Staging through swizzled smem made ptxas hoist 32 smem addresses per thread out of the
-  // persistent loop and spill them; the direct stores cost a few percent of one tile's time at most.)
   // Softmax: O / row sum, and LSE.
-  template <class FragO, int kRows>
-  CUTE_DEVICE static void store(const detail::Params& p, TileWork const& w, int tid, FragO& tOrO,
+  template <class KernelParams, class FragO, int kRows>
+  CUTE_DEVICE static void store(KernelParams const& kp, SharedStorage& ss, TileWork const& w, int tid, FragO& tOrO,
                                 float const (&inv_sum)[kRows], float const (&lse)[kRows]) {
+    const detail::Params& p = kp.params;
     cute::Tensor tOrO_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
     scale_rows(tOrO_rc, inv_sum);
-    store(p, w, tid, tOrO);
+    store(kp, ss, w, tid, tOrO);
     if (p.lse == nullptr || tid % 4 != 0) return;
     cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
     CUTE_UNROLL
@@ -47,13 +50,91 @@ struct ForwardEpilogueSm90 {
   }
 
   // O as accumulated (HSTU; softmax after normalising).
-  template <class FragO>
-  CUTE_DEVICE static void store(const detail::Params& p, TileWork const& w, int tid, FragO& tOrO) {
-    cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
+  template <class KernelParams, class FragO>
+  CUTE_DEVICE static void store(KernelParams const& kp, SharedStorage& ss, TileWork const& w, int tid, FragO& tOrO) {
     cute::Tensor tOrOut = cute::make_tensor<Element>(tOrO.layout());  // (MMA, MMA_M, MMA_N)
     convert_fragment(tOrO, tOrOut);
-    cute::Tensor tOrOut_rc = cute::make_tensor(tOrOut.data(), acc_rowcol(tOrOut.layout()));  // (rows, cols)
+    if constexpr (Traits::kStoreOWithTma) {
+      // A varlen box past the sequence's last row would overwrite the next sequence's rows (fixed lengths: TMA
+      // clips at the tensor's end).
+      if (!kp.params.varlen || w.m0 + (tid / 128 + 1) * kRowsPerWG <= w.seq.sq) {
+        store_through_smem(kp, ss, w, tid, tOrOut);
+        return;
+      }
+    }
+    store_from_registers(kp.params, w, tid, tOrOut);
+  }
 
+  // After a consumer thread's last tile: its warpgroup's last TMA store has read the staging tile (the shared
+  // memory must outlive the store).
+  CUTE_DEVICE static void drain(int tid) {
+    if constexpr (Traits::kStoreOWithTma) {
+      if (tid % 128 == 0) tma_store_wait<0>();
+    }
+  }
+
+  // Rows that see no key: O = 0, LSE = -inf (SEMANTICS.md section 1).
+  CUTE_DEVICE static void store_empty(const detail::Params& p, TileWork const& w, int tid) {
+    const int wg = tid / 128, t = tid % 128;
+    const int head = w.coord.head, batch = w.coord.batch;
+    Element* o = static_cast<Element*>(p.o.ptr);
+    // Not unrolled: unrolled, ptxas computed every chunk's (row, column) once before the persistent loop and
+    // kept them for this rare path, which spilled.
+#pragma unroll 1
+    for (int k = 0; k < kChunksPerThread; ++k) {
+      const int idx = t + k * 128;
+      const int64_t grow = w.m0 + wg * kRowsPerWG + idx / kChunksPerRow;
+      const int col = idx % kChunksPerRow * 8;
+      if (grow < w.seq.sq && col < p.head_dim_v)
+        *reinterpret_cast<uint128_t*>(o + w.seq.q_offset(p.o, batch, grow, head) + col) = uint128_t{0, 0};
+    }
+    const int64_t row = w.m0 + wg * kRowsPerWG + t;
+    if (p.lse != nullptr && t < kRowsPerWG && row < w.seq.sq)
+      p.lse[w.seq.lse_index(p, batch, head, row)] = -INFINITY;
+  }
+
+ private:
+  // Registers -> staging tile (stmatrix) -> one TMA store of the warpgroup's 64 rows, issued by its first thread
+  // and left in flight: the next tile's epilogue waits only until the store has read the staging tile.
+  template <class KernelParams, class FragOut>
+  CUTE_DEVICE static void store_through_smem(KernelParams const& kp, SharedStorage& ss, TileWork const& w, int tid,
+                                             FragOut const& tOrOut) {
+    if constexpr (Traits::kStoreOWithTma) {
+      const int wg = tid / 128, t = tid % 128;
+      const FwdBarrier staging = offset(FwdBarrier::kEpilogueWG0, wg);
+      if (t == 0) tma_store_wait<0>();
+      barrier_sync(128, staging);
+      cute::Tensor sO = cute::make_tensor(make_smem_ptr(ss.o.o.data()), typename Traits::SmemLayoutO{});  // (64, kHeadDim, 2)
+      typename Traits::SmemCopyO smem_copy_o;
+      auto thr_copy_o = smem_copy_o.get_thread_slice(t);
+      cute::Tensor tOrO_copy = thr_copy_o.retile_S(tOrOut);  // (CPY, CPY_M, CPY_N)
+      cute::Tensor tOsO = thr_copy_o.partition_D(sO);        // (CPY, CPY_M, CPY_N, 2)
+      cute::copy(smem_copy_o, tOrO_copy, tOsO(_, _, _, wg));
+      tma_store_fence();  // the generic-proxy writes above, visible to the TMA unit
+      barrier_sync(128, staging);
+      if (t == 0) {
+        const int batch = kp.params.varlen ? 0 : w.coord.batch;
+        cute::Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
+        cute::Tensor gO =
+            local_tile(domain_offset(make_coord(int(w.seq.q_start), _0{}), mO(_, _, w.coord.head, batch)),
+                       Shape<Int<kRowsPerWG>, Int<kHeadDim>>{},
+                       make_coord(w.coord.m_block * Traits::kNumMmaWarpGroups + wg, _0{}));  // (64, kHeadDim)
+        auto o_part = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+        cute::Tensor tOgO = get<0>(o_part);      // (TMA)
+        cute::Tensor tOsO_tma = get<1>(o_part);  // (TMA, 2)
+        copy(kp.tma_o, tOsO_tma(_, wg), tOgO);
+        tma_store_arrive();
+      }
+    }
+  }
+
+  // Each thread writes its values' column pairs straight from registers: a quad covers 16 contiguous bytes of
+  // a row.
+  template <class FragOut>
+  CUTE_DEVICE static void store_from_registers(const detail::Params& p, TileWork const& w, int tid,
+                                               FragOut const& tOrOut) {
+    cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
+    cute::Tensor tOrOut_rc = cute::make_tensor(tOrOut.data(), acc_rowcol(tOrOut.layout()));  // (rows, cols)
     const int head = w.coord.head, batch = w.coord.batch;
     Element* o = static_cast<Element*>(p.o.ptr);
     CUTE_UNROLL
@@ -71,25 +152,6 @@ struct ForwardEpilogueSm90 {
     }
   }
 
-  // Rows that see no key: O = 0, LSE = -inf (SEMANTICS.md section 1).
-  CUTE_DEVICE static void store_empty(const detail::Params& p, TileWork const& w, int tid) {
-    const int wg = tid / 128, t = tid % 128;
-    const int head = w.coord.head, batch = w.coord.batch;
-    Element* o = static_cast<Element*>(p.o.ptr);
-    CUTE_UNROLL
-    for (int k = 0; k < kChunksPerThread; ++k) {
-      const int idx = t + k * 128;
-      const int64_t grow = w.m0 + wg * kRowsPerWG + idx / kChunksPerRow;
-      const int col = idx % kChunksPerRow * 8;
-      if (grow < w.seq.sq && col < p.head_dim_v)
-        *reinterpret_cast<uint128_t*>(o + w.seq.q_offset(p.o, batch, grow, head) + col) = uint128_t{0, 0};
-    }
-    const int64_t row = w.m0 + wg * kRowsPerWG + t;
-    if (p.lse != nullptr && t < kRowsPerWG && row < w.seq.sq)
-      p.lse[w.seq.lse_index(p, batch, head, row)] = -INFINITY;
-  }
-
- private:
   // Tile coordinates (row, column) of this thread's O accumulator values, as (rows, cols).
   CUTE_DEVICE static auto row_col_coords(int tid) {
     typename Traits::TiledMmaPV tiled_mma_pv;

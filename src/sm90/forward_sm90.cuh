@@ -34,6 +34,7 @@ struct ForwardKernelParams {
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
+  typename Traits::TmaO tma_o;  // epilogue stores (shape_q), where kStoreOWithTma
   typename Traits::ShapeRows shape_q;  // (rows_q, d, h, b)
   typename Traits::ShapeRows shape_k;  // (rows_k, d, h_k, b)
   detail::Params params;
@@ -66,8 +67,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    if (Traits::kStoreOWithTma) cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
     if (Traits::kHstu && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
-    ss.barrier_q.init(1);
+    for (int s = 0; s < Traits::kQueryStages; ++s) ss.barrier_q[s].init(1);
     TileHandoff<kNumMmaThreads>::init(ss.handoff);
   }
   typename PipelineKV::Params pipeline_params;
@@ -85,15 +87,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp_idx != 0) return;
     TileHandoff<kNumMmaThreads> handoff;
-    uint32_t loaded = 0;  // K/V blocks loaded so far
+    uint32_t loaded = 0;   // K/V blocks loaded so far
+    uint32_t queries = 0;  // Q tiles loaded so far (tiles with work): slot queries % kQueryStages
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
       const int claimed = handoff.producer_claim(kp.tile_counter, tile);
       const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
       if (w.has_rows() && w.has_keys()) {
-        // Q's buffer holds the previous tile's Q until both consumer warpgroups finished their last Q K^T.
-        if (loaded != 0) barrier_sync(kNumMmaThreads + 32, FwdBarrier::kQueryEmpty);
-        Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, w);
-        loaded += uint32_t(w.n_max - w.n_min);
+        // A Q slot holds its last tile's Q until both consumer warpgroups finished that tile's last Q K^T.
+        const int q_slot = int(queries % Traits::kQueryStages);
+        if (queries >= uint32_t(Traits::kQueryStages))
+          barrier_sync(kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
+        Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, q_slot, w);
+        loaded += uint32_t(w.num_blocks());
+        ++queries;
       }
       tile = handoff.producer_publish(kp.tile_counter, ss.handoff, kp.scheduler.num_tiles, claimed);
     }
@@ -103,7 +109,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const MmaScheduler<kNumMmaThreads> sched{tid / 128};
     sched.init();
     PipelineState read_k, read_v, read_rab;
-    int q_phase = 0;
+    uint32_t queries = 0;  // tiles with work so far, as the producer counts them
     TileHandoff<kNumMmaThreads> handoff;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;
          tile = handoff.consumer_next(kp.tile_counter, ss.handoff, tile)) {
@@ -113,24 +119,26 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         Epilogue::store_empty(kp.params, w, tid);
         continue;
       }
-      ss.barrier_q.wait(q_phase);
-      q_phase ^= 1;
+      const int q_slot = int(queries % Traits::kQueryStages);
+      ss.barrier_q[q_slot].wait((queries / Traits::kQueryStages) & 1);
+      ++queries;
       typename Traits::TiledMmaPV tiled_mma_pv;
       cute::Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));  // (MMA, MMA_M, MMA_N)
       if constexpr (Traits::kHstu) {
         HstuPointwise hstu(kp.params);
-        Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, tid, sched, tOrO,
-                      hstu);
-        Epilogue::store(kp.params, w, tid, tOrO);
+        Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
+                      tOrO, hstu);
+        Epilogue::store(kp, ss, w, tid, tOrO);
       } else {
         OnlineSoftmax<2> softmax(kp.score.scale_log2);
-        Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, tid, sched, tOrO,
-                      softmax);
+        Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
+                      tOrO, softmax);
         float inv_sum[2], lse[2];
         softmax.finalize(inv_sum, lse);
-        Epilogue::store(kp.params, w, tid, tOrO, inv_sum, lse);
+        Epilogue::store(kp, ss, w, tid, tOrO, inv_sum, lse);
       }
     }
+    Epilogue::drain(tid);
   }
 #else
   __trap();  // built for an architecture without wgmma/TMA: never launched (supports() needs sm_90a)
@@ -210,22 +218,27 @@ struct Sm90Forward {
     auto stride_of = [](int64_t extent, int64_t stride, int64_t fallback) {
       return extent == 1 ? fallback : stride;
     };
-    auto make_view = [&](const RowMajorView& t, int rows, int64_t heads) {
+    auto make_view = [&](const RowMajorView& t, int rows, int64_t heads, auto* element) {
       const int64_t big = int64_t(rows) * t.row_stride;
-      return cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(t.ptr)),
+      return cute::make_tensor(make_gmem_ptr(static_cast<decltype(element)>(t.ptr)),
                          make_shape(rows, int(p.head_dim), int(heads), batches),
                          make_stride(t.row_stride, _1{}, stride_of(heads, t.head_stride, big),
                                      stride_of(batches, t.batch_stride, big)));
     };
+    Element const* const kIn = nullptr;  // element types of the views: loads read, the store writes
+    Element* const kOut = nullptr;
     KernelParams kp{
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads), typename Traits::SmemLayoutQ{},
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads, kIn), typename Traits::SmemLayoutQ{},
                       Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k),
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k, kIn),
                       take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
                       _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k),
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k, kIn),
                       take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
                       _1{}),
+        make_tma_copy(SM90_TMA_STORE{}, make_view(p.o, rows_q, p.heads, kOut),
+                      take<0, 2>(typename Traits::SmemLayoutO{}),
+                      Shape<Int<Traits::kRowsPerWarpGroup>, Int<kHeadDim>>{}, _1{}),
         make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
         make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
         p,

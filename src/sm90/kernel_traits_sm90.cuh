@@ -1,10 +1,12 @@
 // Compile-time shape of the sm90 forward kernel for one (element type, head dim, score function): tile sizes,
 // thread roles, shared-memory layouts, TMA copy types and the two warpgroup MMAs (S = Q K^T from shared memory,
-// O += P V with P from registers). HSTU adds a ring of rab tiles (kBlockM x kBlockN) next to the K/V ring.
+// O += P V with P from registers). HSTU adds a ring of rab tiles (kBlockM x kBlockN) next to the K/V ring; where
+// the budget leaves room, an O staging tile for the TMA-store epilogue and a second Q slot.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
@@ -68,6 +70,14 @@ struct RabStorage<true, Element, SmemLayoutRab> {
   alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutRab>, 1024> rab;
 };
 
+// The O staging tile of the TMA-store epilogue, where the shared-memory budget has room for it.
+template <bool kStoreO, class Element, class SmemLayoutO>
+struct OStorage {};
+template <class Element, class SmemLayoutO>
+struct OStorage<true, Element, SmemLayoutO> {
+  alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutO>, 1024> o;
+};
+
 template <DType kDType, int kHeadDim_, bool kHstu_>
 struct ForwardTraitsSm90 {
   using Element = ElementOf<kDType>;
@@ -121,6 +131,36 @@ struct ForwardTraitsSm90 {
   using TmaRab = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutRab{}),
                                         Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
 
+  // Epilogue: each consumer warpgroup stages its 64 rows of O in shared memory and one of its threads stores
+  // them with TMA, so the warpgroup goes on to its next tile while the store drains. It needs kBlockM x d more
+  // shared memory: softmax d <= 128 and HSTU d 64 have it (d 128: 32 + 2 x 64 + 32 KB); the others store
+  // from registers. 1 KB of the budget is left for the barriers.
+  static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kBytesMain = kBlockM * kHeadDim * int(sizeof(Element)) +
+                                    kStages * (2 * kBlockN * kHeadDim + (kHstu ? kBlockM * kBlockN : 0)) *
+                                        int(sizeof(Element));
+  static constexpr bool kStoreOWithTma = kBytesMain + kBytesO + 1024 <= 227 * 1024;
+  // Q slots: a second one where the budget still has room (softmax d <= 128), so the producer loads the next
+  // tile's Q while the consumers work on this one; short tiles (causal s 512) otherwise wait for it.
+  static constexpr int kQueryStages =
+      kBytesMain + kBlockM * kHeadDim * int(sizeof(Element)) + (kStoreOWithTma ? kBytesO : 0) + 1024 <= 227 * 1024
+          ? 2
+          : 1;
+  static constexpr int kRowsPerWarpGroup = kBlockM / kNumMmaWarpGroups;
+  // (rows of a warpgroup, d, warpgroup): each warpgroup's rows contiguous, one TMA box.
+  using SmemLayoutO =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kRowsPerWarpGroup>, Int<kHeadDim>, Int<kNumMmaWarpGroups>>{}));
+  // One warpgroup's share of O = P V: the register fragment of every consumer thread has this layout too.
+  using TiledMmaPVWarpGroup = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum,
+                           Shape<Int<kRowsPerWarpGroup>, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
+  using SmemCopyO = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaPVWarpGroup{}));
+  using GmemTensorOut = decltype(cute::make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeRows{},
+                                                   StrideRows{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, take<0, 2>(SmemLayoutO{}),
+                                      Shape<Int<kRowsPerWarpGroup>, Int<kHeadDim>>{}, _1{}));
+
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesRab = kBlockM * kBlockN * sizeof(Element);
@@ -128,11 +168,12 @@ struct ForwardTraitsSm90 {
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
   struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    alignas(1024) cute::array_aligned<Element, kQueryStages * cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     RabStorage<kHstu, Element, SmemLayoutRab> rab;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    OStorage<kStoreOWithTma, Element, SmemLayoutO> o;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q[kQueryStages];
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     alignas(16) typename PipelineKV::SharedStorage pipeline_v;
     alignas(16) typename PipelineKV::SharedStorage pipeline_rab;  // HSTU with rab only

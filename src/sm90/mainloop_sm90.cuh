@@ -77,10 +77,11 @@ struct ForwardMainloopSm90 {
   // rab[batch, head or 0]; past max_seqlen_k TMA zero-fills, past the sequence the entries are masked.
   // `loaded`: K/V blocks the producer loaded before this tile. K, V and rab (when present) advance their rings
   // together, one slot per block, so their write positions follow from it: the producer keeps one counter
-  // instead of three pipeline states (its warp runs on 24 registers).
+  // instead of three pipeline states (its warp runs on 24 registers). Q goes to slot `q_slot` of the Q ring.
   template <class KernelParams>
   CUTE_DEVICE static void load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, uint32_t loaded, TileWork const& w) {
+                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, uint32_t loaded, int q_slot,
+                               TileWork const& w) {
     const detail::Params& p = kp.params;
     // The producer's start phase is 1: the ring starts empty.
     PipelineState write_k(int(loaded % Traits::kStages), ((loaded / Traits::kStages) & 1) ^ 1, loaded);
@@ -97,7 +98,8 @@ struct ForwardMainloopSm90 {
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
     cute::Tensor gV = local_tile(domain_offset(make_coord(int(w.seq.k_start), _0{}), mV(_, _, kv_head, batch)),
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>),
+                                       typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, kHeadDim, kStages)
     cute::Tensor sV = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, kHeadDim, kStages)
     auto q_part = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
@@ -125,8 +127,8 @@ struct ForwardMainloopSm90 {
     };
 
     if (leader) {
-      ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
-      copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q), 0), tQgQ, tQsQ);
+      ss.barrier_q[q_slot].arrive_and_expect_tx(Traits::kTmaBytesQ);
+      copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[q_slot]), 0), tQgQ, tQsQ);
     }
     auto load_rab = [&](int n) {
       if constexpr (kHstu) {
@@ -148,15 +150,16 @@ struct ForwardMainloopSm90 {
       }
     };
 
-    // Blocks run from the last (the masked diagonal under causal) down to the first.
-    load_k(w.n_max - 1);
-    load_rab(w.n_max - 1);
-    for (int n = w.n_max - 2; n >= w.n_min; --n) {
-      load_k(n);
-      load_rab(n);
-      load_v(n + 1);
+    // Blocks in TileWork::next_block order; V of a block follows K of the next one.
+    int n = w.n_max - 1;
+    load_k(n);
+    load_rab(n);
+    for (int next = w.next_block(n); next >= w.n_min; n = next, next = w.next_block(n)) {
+      load_k(next);
+      load_rab(next);
+      load_v(n);
     }
-    load_v(w.n_min);
+    load_v(n);
   }
 
   // One consumer warpgroup's share (64 rows) of a tile: leaves O in tOrO, for softmax unnormalised with the
@@ -165,13 +168,14 @@ struct ForwardMainloopSm90 {
   template <class KernelParams, class FragO, class Score>
   CUTE_DEVICE static void mma(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, PipelineState& read_k,
-                              PipelineState& read_v, PipelineState& read_rab, TileWork const& w, int tid,
+                              PipelineState& read_v, PipelineState& read_rab, TileWork const& w, int q_slot, int tid,
                               MmaScheduler<Traits::kNumMmaThreads> const& sched, FragO& tOrO, Score& score) {
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(tid);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tid);
-    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>),
+                                       typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
     cute::Tensor sVt = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
     cute::Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
@@ -181,20 +185,14 @@ struct ForwardMainloopSm90 {
     cute::Tensor tScS = thr_mma_qk.partition_C(cS);                               // (MMA, MMA_M, MMA_N)
 
     const int64_t m_end = detail::min64(w.m0 + kBlockM, w.seq.sq);
-    // Scores -> masked scores of block n. Softmax masks are windows (each row sees one interval of keys), so
-    // the fully visible blocks of a tile form one interval [full_lo, full_hi), found once per tile from both
-    // ends. HSTU masks with targets do not (a target tile sees the history and its groups, not the keys in
-    // between): each block asks the mask. Only the other blocks pay for the element mask: one compare per
-    // element against the visible key spans of this thread's rows, also found once per tile.
-    auto fully_visible = [&](int n) {
-      return w.mask.tile_fully_visible(w.m0, m_end, int64_t(n) * kBlockN, int64_t(n + 1) * kBlockN);
-    };
-    int full_hi = w.n_max;
-    int full_lo = w.n_min;
-    if constexpr (!kHstu) {
-      while (full_hi > w.n_min && !fully_visible(full_hi - 1)) --full_hi;
-      while (full_lo < full_hi && !fully_visible(full_lo)) ++full_lo;
-    }
+    // Scores -> masked scores of block n. The blocks every row of the tile sees whole need no mask: at most two
+    // ranges (the second only above the history of an HSTU target mask), found once per tile. Only the other
+    // blocks pay for the element mask: one compare per element against the visible key spans of this
+    // thread's rows, also found once per tile.
+    detail::Range full_first, full_second;
+    detail::fully_visible_blocks(w.mask, w.m0, m_end, kBlockN, &full_first, &full_second);
+    const int full_lo = int(full_first.begin), full_hi = int(full_first.end);
+    const int full2_lo = int(full_second.begin), full2_hi = int(full_second.end);
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kMaskRows = decltype(size<0>(c_rc))::value;
     int spans[kMaskRows][4];
@@ -209,10 +207,9 @@ struct ForwardMainloopSm90 {
     }
     // Sets the entries of block n no row sees to `masked`.
     auto mask_block = [&](auto& tSrS, int n, float masked) {
+      if (n >= full_lo && n < full_hi) return;
       if constexpr (kHstu) {
-        if (fully_visible(n)) return;
-      } else {
-        if (n >= full_lo && n < full_hi) return;
+        if (n >= full2_lo && n < full2_hi) return;
       }
       const int n0 = n * kBlockN;
       cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
@@ -278,14 +275,14 @@ struct ForwardMainloopSm90 {
     convert_fragment(tSrS, tOrP);
     bool first_pv = true;
 
-    for (int n = w.n_max - 2; n >= w.n_min; --n) {
+    for (int n = w.next_block(w.n_max - 1); n >= w.n_min; n = w.next_block(n)) {
       cute::Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));  // (MMA, MMA_M, MMA_N)
       issue_qk(tSrS_next);
       pipeline_v.consumer_wait(read_v);
       warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, first_pv);
       sched.pass_turn();
       first_pv = false;
-      warpgroup_wait<1>();  // S of block n is ready; P V of block n + 1 still runs
+      warpgroup_wait<1>();  // S of block n is ready; P V of the block before it still runs
       pipeline_k.consumer_release(read_k);
       ++read_k;
       score_block(tSrS_next, n);
@@ -299,8 +296,8 @@ struct ForwardMainloopSm90 {
       convert_fragment(tSrS_next, tOrP);
     }
 
-    // Every Q K^T of the tile has completed: the producer may load the next tile's Q.
-    barrier_arrive(Traits::kNumMmaThreads + 32, FwdBarrier::kQueryEmpty);
+    // Every Q K^T of the tile has completed: the producer may load another tile's Q into its slot.
+    barrier_arrive(Traits::kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
     pipeline_v.consumer_wait(read_v);
     warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, first_pv);
     warpgroup_wait<0>();

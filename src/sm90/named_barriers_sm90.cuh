@@ -7,9 +7,12 @@ namespace cuteattn::sm90 {
 
 // User ids; cutlass::arch::NamedBarrier adds the ids CUTLASS reserves for itself.
 enum class FwdBarrier : uint32_t {
-  kQueryEmpty = 0,     // consumers (arrive) -> producer warp (sync): Q smem of the last tile is free
-  kMmaSchedWG0 = 1,    // pingpong: warpgroup 0 may issue its wgmmas
-  kMmaSchedWG1 = 2,    // pingpong: warpgroup 1 may issue its wgmmas
+  kQueryEmpty0 = 0,    // consumers (arrive) -> producer warp (sync): Q slot 0 is free (its tile's Q K^T done)
+  kQueryEmpty1 = 1,    // the same for Q slot 1
+  kMmaSchedWG0 = 2,    // pingpong: warpgroup 0 may issue its wgmmas
+  kMmaSchedWG1 = 3,    // pingpong: warpgroup 1 may issue its wgmmas
+  kEpilogueWG0 = 4,    // consumer warpgroup 0 alone: its O staging buffer is free / written
+  kEpilogueWG1 = 5,    // consumer warpgroup 1 alone: the same
 };
 
 CUTE_DEVICE void barrier_sync(uint32_t threads, FwdBarrier id) {

@@ -108,14 +108,17 @@ struct TileHandoff {
   }
 };
 
-// What one tile of query rows does: its sequence, mask and the K/V block range [n_min, n_max) that holds
-// every key visible to one of its rows. Planned identically by the producer and the consumers.
+// What one tile of query rows does: its sequence, mask and the K/V blocks it visits: [n_min, n_max) holds every
+// key visible to one of its rows, less the blocks [hole_lo, hole_hi) that none of them sees (HSTU target rows
+// see the history and their own groups, not the targets in between: Mask::key_hole). Planned identically by
+// the producer and the consumers, which walk the blocks in the same order: next_block.
 struct TileWork {
   TileCoord coord;
   detail::SequenceInfo seq;
   detail::Mask mask;
   int64_t m0 = 0;  // first query row of the tile within its sequence
   int n_min = 0, n_max = 0;
+  int hole_lo = 0, hole_hi = 0;  // n_min < hole_lo <= hole_hi < n_max, or both 0
 
   // Softmax masks are windows only (supports() refuses contexts and targets): the contextual and target
   // fields are set to the constants that say so, which lets the compiler drop their paths, among them the
@@ -138,9 +141,28 @@ struct TileWork {
         w.n_min = int(keys.begin / kBlockN);
         w.n_max = int((keys.end + kBlockN - 1) / kBlockN);
       }
+      if constexpr (kHstu) {
+        // The hole lies below the block of the tile's last key (its own group is visible to it); a hole that
+        // starts at n_min just moves n_min.
+        const detail::Range hole = detail::blocks_inside(w.mask.key_hole(w.m0, w.m0 + kBlockM), kBlockN);
+        const int lo = hole.begin > w.n_min ? int(hole.begin) : w.n_min;
+        const int hi = hole.end < w.n_max ? int(hole.end) : w.n_max;
+        if (lo < hi) {
+          if (lo == w.n_min) {
+            w.n_min = hi;
+          } else {
+            w.hole_lo = lo;
+            w.hole_hi = hi;
+          }
+        }
+      }
     }
     return w;
   }
+  // Blocks run from n_max - 1 down to n_min (the masked diagonal under causal first); the block after n,
+  // below n_min when n was the last.
+  CUTEATTN_HD int next_block(int n) const { return n == hole_hi ? hole_lo - 1 : n - 1; }
+  CUTEATTN_HD int num_blocks() const { return n_max - n_min - (hole_hi - hole_lo); }
   // The tile holds rows of its sequence (tiles past a short varlen sequence hold none).
   CUTEATTN_HD bool has_rows() const { return m0 < seq.sq; }
   // Its rows see at least one key; otherwise they get O = 0, LSE = -inf without touching K/V.

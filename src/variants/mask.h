@@ -3,6 +3,7 @@
 // 0-based within a sequence; r = i + off is the key position a query row sits at (off = sk - sq).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "core/host_device.h"
@@ -40,8 +41,12 @@ struct Mask {
     return m;
   }
 
-  // Start of the target group holding key position r (r >= hist).
-  CUTEATTN_HD int64_t group_start(int64_t r) const { return hist + (r - hist) / group * group; }
+  // Start of the target group holding key position r (r >= hist). Positions inside a sequence fit 32 bits
+  // (cu_seqlens are int32), and a 32-bit division is a few instructions where a 64-bit one is a call.
+  CUTEATTN_HD int64_t group_start(int64_t r) const {
+    const uint32_t g = group > INT32_MAX ? uint32_t(INT32_MAX) : uint32_t(group);
+    return hist + int64_t(uint32_t(r - hist) / g * g);
+  }
 
   CUTEATTN_HD bool visible(int64_t i, int64_t j) const {
     if (i < 0 || i >= sq || j < 0 || j >= sk) return false;
@@ -136,6 +141,41 @@ struct Mask {
 CUTEATTN_HD Range blocks_inside(Range hole, int64_t block) {
   if (hole.empty()) return {0, 0};
   return {(max64(hole.begin, 0) + block - 1) / block, hole.end / block};
+}
+
+// The key blocks k (keys [k * block, (k + 1) * block)) for which m.tile_fully_visible(i0, i1, ...) holds, as
+// two ranges of block indices: `first` below hist, `second` from hist's block up (target keys; empty without
+// targets). A kernel tests each block against four bounds found once per tile instead of asking the mask per
+// block. For every k >= 0: tile_fully_visible(i0, i1, k * block, (k + 1) * block) == (k in first || k in second).
+CUTEATTN_HD void fully_visible_blocks(const Mask& m, int64_t i0, int64_t i1, int64_t block, Range* first,
+                                      Range* second) {
+  *first = {0, 0};
+  *second = {0, 0};
+  if (i0 < 0 || i1 > m.sq || i0 >= i1) return;
+  auto floor_div = [block](int64_t x) { return x >= 0 ? x / block : -((block - 1 - x) / block); };
+  auto ceil_div = [&](int64_t x) { return -floor_div(-x); };
+  const int64_t r0 = i0 + m.off, r1 = i1 - 1 + m.off;
+  // Blocks inside [0, sk) that every plain (window-following) row of the tile sees whole.
+  Range all = {0, floor_div(m.sk)};
+  const int64_t plain_hi = min64(r1, m.hist - 1);
+  const int64_t a = (r0 < 0 || m.n_ctx <= 0) ? r0 : max64(r0, m.n_ctx);
+  const int64_t b = (m.n_ctx <= 0 || plain_hi >= m.n_ctx) ? plain_hi : min64(plain_hi, -1);
+  if (a <= b) {
+    if (m.right >= 0) all.end = min64(all.end, floor_div(a + m.right + 1));
+    if (m.left >= 0) all.begin = max64(all.begin, ceil_div(b - m.left));
+  }
+  const int64_t hist_block = floor_div(m.hist);  // blocks from here on hold keys >= hist
+  *first = {all.begin, min64(all.end, hist_block)};
+  // Contextual rows see no key >= hist.
+  if (max64(r0, 0) <= min64(min64(r1, m.n_ctx - 1), m.hist - 1)) return;
+  Range above = {max64(all.begin, hist_block), all.end};
+  const int64_t ta = max64(r0, m.hist);  // target rows [ta, r1] see [group_start(r), r] above hist
+  if (ta <= r1) {
+    above.end = min64(above.end, floor_div(ta + 1));
+    const int64_t g = m.group_start(r1);
+    if (g != m.hist) above.begin = max64(above.begin, ceil_div(g));
+  }
+  *second = above;
 }
 
 // The keys visible to row i as the union of two ranges (`second` is empty except for target rows), so a

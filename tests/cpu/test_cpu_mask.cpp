@@ -1,6 +1,7 @@
 // The shared mask policy (src/variants/mask.h) against the oracle's independent visibility rule: Mask::visible
 // agrees everywhere, key_range / row_range contain every visible pair, key_hole holds no visible pair, and
-// tile_fully_visible never answers true for a tile holding an invisible pair. Random small sequences, every mask kind, many tile shapes.
+// tile_fully_visible never answers true for a tile holding an invisible pair, fully_visible_blocks lists exactly
+// the blocks tile_fully_visible accepts. Random small sequences, every mask kind, many tile shapes.
 #include <random>
 #include <string>
 #include <vector>
@@ -90,6 +91,16 @@ void check_policy(Kind kind, int trials) {
               ASSERT_FALSE(vis[i * sk + j]) << "key_hole(" << i0 << ", " << i1 << ") = [" << hole.begin << ", "
                                             << hole.end << ") holds visible (" << i << ", " << j << ")";
           for (int64_t bn : {1, 4, 8, 16}) {
+            Range full_first, full_second;
+            detail::fully_visible_blocks(m, i0, i1, bn, &full_first, &full_second);
+            for (int64_t k = 0; k * bn < sk + 2 * bn; ++k) {
+              const bool listed = (full_first.begin <= k && k < full_first.end) ||
+                                  (full_second.begin <= k && k < full_second.end);
+              ASSERT_EQ(listed, m.tile_fully_visible(i0, i1, k * bn, (k + 1) * bn))
+                  << "fully_visible_blocks(" << i0 << ", " << i1 << ", " << bn << ") = [" << full_first.begin
+                  << ", " << full_first.end << ") + [" << full_second.begin << ", " << full_second.end
+                  << ") at block " << k;
+            }
             const Range skipped = detail::blocks_inside(hole, bn);
             for (int64_t k = skipped.begin; k < skipped.end; ++k)
               ASSERT_TRUE(hole.begin <= k * bn && (k + 1) * bn <= hole.end) << "blocks_inside block " << k;

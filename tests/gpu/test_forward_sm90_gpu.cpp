@@ -2,9 +2,10 @@
 // oracle under the FlashAttention tolerance rule (2x the error of a plain bf16/fp16 computation), every output
 // element written over a NaN poison, for odd lengths, s_q != s_k, varlen with empty sequences, GQA, causal,
 // sliding windows, softcap, rows without visible keys and every head-dim bucket of the build. HSTU (jagged):
-// rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with group sizes), alpha
-// and scaling_seqlen, zero-length and one-row sequences, every bucket, and d != d_v routed to sm80. The
-// workspace: a caller's (dirty, reused across calls), none when tiles are scheduled statically, too small.
+// rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with group sizes), many
+// targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and one-row sequences, every
+// bucket, and d != d_v routed to sm80. The workspace: a caller's (dirty, reused across calls), none when tiles
+// are scheduled statically, too small.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -202,6 +203,35 @@ TEST_F(Sm90Forward, HstuLong) {
   cfg.num_targets = {30, 10};
   cfg.target_group_size = 2;
   check_forward(cfg);
+}
+
+// Many targets: a query tile of target rows sees the history and its own groups only, so the kernel skips the
+// key blocks of the targets before them (Mask::key_hole): the producer does not load them and the consumers
+// walk the same shortened block sequence. Group sizes from one key to more than a block, with contexts, rab
+// per head; a sequence made of targets only (the hole starts at key 0), one whose targets fit in one block.
+TEST_F(Sm90Forward, HstuManyTargetsSkipHiddenBlocks) {
+  for (int64_t group : {1, 11, 222}) {
+    CaseConfig cfg = hstu(DType::kBFloat16, {1504, 0, 1388, 1431, 1100}, 2, 128);
+    cfg.rab_heads = 2;
+    cfg.num_contexts = {30, 0, 0, 100, 0};
+    cfg.num_targets = {1024, 0, 1024, 1300, 1100};
+    cfg.target_group_size = group;
+    check_forward(cfg);
+  }
+  CaseConfig cfg = hstu(DType::kFloat16, {1496, 700, 1}, 3, 64);
+  cfg.rab_heads = 1;
+  cfg.num_contexts = {10, 0, 0};
+  cfg.num_targets = {1024, 100, 1};
+  cfg.target_group_size = 11;
+  check_forward(cfg);
+  cfg = hstu(DType::kBFloat16, {1500, 999}, 2, 256);
+  cfg.num_targets = {1024, 998};
+  cfg.target_group_size = 222;
+  if (auto_picks_sm90(cfg)) {
+    check_forward(cfg);
+  } else {
+    ADD_FAILURE() << "head dim 256: no sm90 HSTU kernel in this build (CUTEATTN_HDIMS); not tested";
+  }
 }
 
 // Every other bucket, both dtypes (d below a bucket is served zero-padded by that bucket).
