@@ -41,6 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--grid", action="append", choices=["fa", "hstu"], help="full grid(s) to run (repeatable)")
     p.add_argument("--quick", action="store_true", help="a small subset of both grids (device check)")
     p.add_argument("--grid-dtypes", default="bf16,fp16", help="element types of the full FA-grid")
+    p.add_argument("--grid-hdims", help="only these head dims of the full grids (comma-separated)")
     cell = p.add_argument_group("single cell (instead of a grid)")
     cell.add_argument("--kind", choices=["fa", "hstu"])
     cell.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -87,6 +88,8 @@ def select_cells(args) -> List[Cell]:
         cells += fa_grid(args.quick, args.grid_dtypes.split(","))
     if "hstu" in grids:
         cells += hstu_grid(args.quick)
+    if args.grid_hdims:
+        cells = [c for c in cells if str(c.d) in args.grid_hdims.split(",")]
     return cells
 
 
