@@ -91,9 +91,12 @@ struct ForwardTraitsSm90 {
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0 produces (one TMA warp)
-  // setmaxnreg budget: 24 * 128 + 240 * 256 = 64512 = 384 threads x 168 registers (launch bound).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // setmaxnreg budget: 40 * 128 + 232 * 256 = 64512 = 384 threads x 168 registers (launch bound). With 24
+  // registers the producer warp spilled its tile loop (claim, plan, TMA issue: 28 bytes softmax d 128, 108
+  // HSTU d 128); 232 is enough for the consumers (ptxas -v, sm_90a: no spills but softmax d 256, 20 bytes,
+  // and HSTU d 96, 4 bytes, outside the block loop, once per tile).
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K is 16");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T

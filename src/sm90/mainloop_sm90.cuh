@@ -195,15 +195,19 @@ struct ForwardMainloopSm90 {
     const int full2_lo = int(full_second.begin), full2_hi = int(full_second.end);
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kMaskRows = decltype(size<0>(c_rc))::value;
-    int spans[kMaskRows][4];
+    // A softmax row sees one span: its mask is a window (TileWork::plan), whose second span is always empty.
+    constexpr int kSpans = kHstu ? 4 : 2;
+    int spans[kMaskRows][kSpans];
     CUTE_UNROLL
     for (int r = 0; r < kMaskRows; ++r) {
       detail::Range first, second;
       detail::visible_spans(w.mask, w.m0 + get<0>(c_rc(r, 0)), &first, &second);
       spans[r][0] = int(first.begin);
       spans[r][1] = int(first.end);
-      spans[r][2] = int(second.begin);
-      spans[r][3] = int(second.end);
+      if constexpr (kHstu) {
+        spans[r][2] = int(second.begin);
+        spans[r][3] = int(second.end);
+      }
     }
     // Sets the entries of block n no row sees to `masked`.
     auto mask_block = [&](auto& tSrS, int n, float masked) {
@@ -217,7 +221,11 @@ struct ForwardMainloopSm90 {
       CUTE_UNROLL
       for (int r = 0; r < kMaskRows; ++r) {
         const int f0 = local(spans[r][0]), f1 = local(spans[r][1]);
-        const int s0 = local(spans[r][2]), s1 = local(spans[r][3]);
+        int s0 = 0, s1 = 0;
+        if constexpr (kHstu) {
+          s0 = local(spans[r][2]);
+          s1 = local(spans[r][3]);
+        }
         CUTE_UNROLL
         for (int c = 0; c < size<1>(s_rc); ++c) {
           const int j = get<1>(c_rc(r, c));
