@@ -3,7 +3,9 @@
 Python checks what only Python can see (tensor-ness, None-ness, types, ranks, dtypes, devices) and raises
 TypeError/ValueError naming the argument before anything is launched; the library checks everything else
 (SEMANTICS.md section 3) and its refusals surface as ValueError too. NotImplementedError means a valid call the
-chosen backend has no kernel for (e.g. a head dim that was not compiled).
+chosen backend has no kernel for (e.g. a head dim that was not compiled, or float32 HSTU on a GPU).
+float32 CUDA tensors compute with tf32 tensor-core math (inputs rounded to tf32, float32 accumulation), as
+PyTorch does with torch.backends.cuda.matmul.allow_tf32; the CPU backends compute float32 in float32.
 """
 
 from __future__ import annotations
