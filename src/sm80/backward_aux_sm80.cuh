@@ -105,9 +105,10 @@ __global__ void convert_dq_kernel(const __grid_constant__ Params p, const float*
   }
 }
 
-// Every element of dRab (b, rab_heads, max_sk, max_sk): zero (accum == null) or the fp32 head sum (rab_heads == 1).
+// Every element of dRab (b, rab_heads, max_sk, max_sk): zero (accum == null) or the fp32 head sum (rab_heads == 1,
+// accum rows ld floats apart).
 template <class Element>
-__global__ void write_drab_kernel(const __grid_constant__ Params p, const float* accum) {
+__global__ void write_drab_kernel(const __grid_constant__ Params p, const float* accum, int64_t ld) {
   const int64_t msk = p.seqlen_k;
   const int64_t n = p.batch * p.rab_heads * msk * msk;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
@@ -115,7 +116,7 @@ __global__ void write_drab_kernel(const __grid_constant__ Params p, const float*
     const int64_t r = (e / msk) % msk;
     const int64_t h = (e / (msk * msk)) % p.rab_heads;
     const int64_t bi = e / (msk * msk * p.rab_heads);
-    const float value = accum != nullptr ? accum[(bi * msk + r) * msk + j] : 0.0f;
+    const float value = accum != nullptr ? accum[(bi * msk + r) * ld + j] : 0.0f;
     static_cast<Element*>(p.drab)[bi * p.drab_batch_stride + h * p.drab_head_stride + r * p.drab_row_stride + j] =
         static_cast<Element>(value);
   }

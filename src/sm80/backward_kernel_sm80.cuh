@@ -27,7 +27,8 @@ struct BwdKernelArgs {
   float* dq_accum;          // (nsplit, total_q rows, heads, kHeadDim) fp32, zeroed
   int64_t dq_split_stride;  // elements between the dQ partials of two splits
   const float* dsum;        // softmax: rowsum(dO * O), indexed like LSE
-  float* drab_accum;        // HSTU, one rab head shared by several heads: (b, max_sk, max_sk) fp32, zeroed
+  float* drab_accum;        // HSTU, one rab head shared by several heads: (b, max_sk, drab_ld) fp32 partial sums
+  int64_t drab_ld;          // row stride of drab_accum (max_sk rounded up to even: column pairs are 8-byte aligned)
   int n_blocks;             // key blocks of the longest sequence
   int nsplit;               // CTAs along x; CTA x walks key blocks x, x + nsplit, ... (deterministic mode)
   int heads_per_cta;        // query heads one CTA walks, in order (a multiple of kv_group)
@@ -167,6 +168,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const int64_t dq_row_stride = p.heads * int64_t(kHeadDim);
   const int64_t dq_row_base = p.varlen ? seq.q_start : bi * p.seqlen_q;
   const bool drab_direct = kHstu && p.drab != nullptr && args.drab_accum == nullptr;
+  // dRab summed over heads by one CTA that walks every head of its key block (else atomics into a zeroed
+  // drab_accum): the first head stores its fp32 dS, later ones add to it, the last writes dRab itself.
+  const bool drab_walk = kHstu && args.drab_accum != nullptr && args.heads_per_cta == p.heads;
   const bool deterministic = p.deterministic;
 
   // LSE in log2 units; rows that see no key have LSE = -inf and get +inf, so their P = exp2(x - inf) = 0.
@@ -314,6 +318,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 const int dj = get<1>(tScS_rc(mi, 2 * nj)) - col0;
                 rab_pairs[mi][nj] = rab_row != nullptr && n0 + col0 + dj < sk ? rab_row[dj / 2] : 0u;
               }
+              // drab_walk: the dRab partial sums of the heads before this one, into L1 while the S and dP GEMMs
+              // run (held in registers they would spill). Pairs 2k and 2k + 1 sit in one 16-column group.
+              if (drab_walk && kv_i > 0 && i < sq) {
+                const float* prev = args.drab_accum + (bi * p.seqlen_k + i + mask.off) * args.drab_ld + n0 + col0;
+                CUTE_UNROLL
+                for (int nj = 0; nj < kCols / 2; nj += 2) {
+                  asm volatile("prefetch.global.L1 [%0];" ::"l"(prev + (get<1>(tScS_rc(mi, 2 * nj)) - col0)));
+                }
+              }
             }
           }
 
@@ -432,6 +445,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             if (p.drab != nullptr) {
               const int64_t hr = p.rab_heads == 1 ? 0 : hq;
               const int col0 = get<1>(tScS_rc(0, 0));
+              const bool last_head = kv_i == kv_heads_per_cta - 1;
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int i = m0 + get<0>(tScS_rc(mi, 0));
@@ -440,20 +454,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 Element* drab_row = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride +
                                     hr * p.drab_head_stride + r * p.drab_row_stride + n0 + col0;
                 float* drab_accum_row =
-                    drab_direct ? nullptr : args.drab_accum + (bi * p.seqlen_k + r) * p.seqlen_k + n0 + col0;
+                    drab_direct ? nullptr : args.drab_accum + (bi * p.seqlen_k + r) * args.drab_ld + n0 + col0;
+                // Columns c and c + 1 (c even) of row r; c + 1 may be the first column past sk.
                 CUTE_UNROLL
-                for (int ni = 0; ni < kCols; ++ni) {
-                  const int dj = get<1>(tScS_rc(mi, ni)) - col0;
+                for (int nj = 0; nj < kCols / 2; ++nj) {
+                  const int dj = get<1>(tScS_rc(mi, 2 * nj)) - col0;
                   if (n0 + col0 + dj >= sk) continue;
-                  if (drab_direct) {
-                    drab_row[dj] = static_cast<Element>(dp_rc(mi, ni));
+                  const bool pair = n0 + col0 + dj + 1 < sk;
+                  float2 v = make_float2(dp_rc(mi, 2 * nj), dp_rc(mi, 2 * nj + 1));
+                  if (drab_walk && kv_i > 0) {
+                    const float2 prev = *reinterpret_cast<const float2*>(drab_accum_row + dj);
+                    v = make_float2(prev.x + v.x, prev.y + v.y);
+                  }
+                  if (drab_direct || (drab_walk && last_head)) {
+                    drab_row[dj] = static_cast<Element>(v.x);
+                    if (pair) drab_row[dj + 1] = static_cast<Element>(v.y);
+                  } else if (drab_walk) {
+                    *reinterpret_cast<float2*>(drab_accum_row + dj) = v;  // padded rows: c + 1 is in the buffer
                   } else {
-                    float* dst = drab_accum_row + dj;
-                    if (deterministic) {
-                      *dst += dp_rc(mi, ni);  // this CTA walks every head in order: no other writer
-                    } else {
-                      atomicAdd(dst, dp_rc(mi, ni));
-                    }
+                    atomicAdd(drab_accum_row + dj, v.x);
+                    if (pair) atomicAdd(drab_accum_row + dj + 1, v.y);
                   }
                 }
               }
@@ -463,15 +483,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rdS), tdSsdS);
           __syncthreads();  // sP and sdS are complete
 
-          // dV += P^T dO, dK += dS^T Q
+          // dV += P^T dO, dK += dS^T Q (dK after dQ where the traits say so: its MMAs then run while the dQ
+          // atomics drain).
           gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, smem_thr_copy_dkv_b.partition_S(sdOt),
                   smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
-          gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, smem_thr_copy_dkv_b.partition_S(sQt),
-                  smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
-          if (kStages == 1 && m_next < m_end) {
-            __syncthreads();  // sQ/sdO are free once every warp finished dK and dV
-            load_q_do(m_next, 0);
-          }
+          auto gemm_dk = [&] {
+            gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, smem_thr_copy_dkv_b.partition_S(sQt),
+                    smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
+            if (kStages == 1 && m_next < m_end) {
+              __syncthreads();  // sQ/sdO are free once every warp finished dK and dV
+              load_q_do(m_next, 0);
+            }
+          };
+          if constexpr (!Traits::kDkAfterDq) gemm_dk();
 
           // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time. This thread's rows are
           // dq_r0 + dq_row_delta(slot); each atomic address is a row pointer plus a compile-time column delta.
@@ -503,12 +527,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             auto add_pair = [&](int e) {
               const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0), c = chunk * kDqCols + get<1>(tdQcdQ(e));
               float* dst = dq_row[slot] + (c - dq_c0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc_dq(e), acc_dq(e + 1)));
-#else
-              atomicAdd(dst, acc_dq(e));
-              atomicAdd(dst + 1, acc_dq(e + 1));
-#endif
+              red_add_f32x2(dst, acc_dq(e), acc_dq(e + 1));
             };
             if (dq_block_in) {
               CUTE_UNROLL
@@ -521,6 +540,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               }
             }
           }
+
+          if constexpr (Traits::kDkAfterDq) gemm_dk();
 
           m = m_next;
           if (kStages == 2) stage ^= 1;

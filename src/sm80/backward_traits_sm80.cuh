@@ -73,16 +73,18 @@ struct BwdTraits {
   static constexpr int kMmaK = kFp32 ? 8 : 16;
 
   // Warps along M for S/dP, along N for dK/dV, along M for dQ (the rest of the warps tile the other side).
+  // d = 128 computes dQ with 2 x 4 warps of 32 x 32: each warp reads a quarter of K^T instead of half with 4 x 2.
   static constexpr int kAtomMSdP = kFp32 ? kBlockM / 16 : kBlockN == 128 ? 2 : 4;
   static constexpr int kAtomNdKV = kFp32 ? kBlockN / 16 : kBlockN == 128 ? 4 : 2;
-  static constexpr int kAtomMdQ = kFp32 ? kBlockM / 16 : 4;
+  static constexpr int kAtomMdQ = kFp32 ? kBlockM / 16 : kHeadDim == 128 ? 2 : 4;
   // The S/dP tile's N extent: 16 per warp along N (two n8 MMAs, one ldmatrix.x4 of B per k-slice), or 8 when the
   // warps along N already cover kBlockN that way (fp32 32 x 32: 4 warps of 8 columns, ldmatrix.x2).
   static constexpr int kTileNSdP = 16 * (kNWarps / kAtomMSdP) <= kBlockN ? 16 * (kNWarps / kAtomMSdP) : kBlockN;
   static_assert(kTileNSdP / (kNWarps / kAtomMSdP) == 16 || kTileNSdP / (kNWarps / kAtomMSdP) == 8);
-  // dQ = dS K runs over column chunks of kHeadDim / kDqChunks so its fp32 tile stays small next to dK/dV.
+  // dQ = dS K runs over column chunks of kHeadDim / kDqChunks so its fp32 tile stays small next to dK/dV (up to
+  // d = 128 one chunk: 32 floats per thread; a second pass would read dS and K^T from shared memory again).
   // d = 192 takes three chunks of 64: chunks of 96 columns do not tile the ldmatrix.trans copy of K^T (no build).
-  static constexpr int kDqChunks = kHeadDim == 192 ? 3 : kHeadDim >= 128 ? 2 : 1;
+  static constexpr int kDqChunks = kHeadDim == 192 ? 3 : kHeadDim > 128 ? 2 : 1;
 
   using TiledMmaSdP = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kAtomMSdP>, Int<kNWarps / kAtomMSdP>, _1>>,
                                Tile<Int<16 * kAtomMSdP>, Int<kTileNSdP>, Int<kMmaK>>>;
@@ -136,6 +138,9 @@ struct BwdTraits {
            2 * stages * kBlockM * int(sizeof(float));
   }
   static constexpr int kStages = smem_bytes(2) <= 163 * 1024 ? 2 : 1;
+  // The loop runs dV, dQ, dK (the dK MMAs overlap the dQ atomics), except single-buffered (d = 256), where
+  // the reordering costs spills.
+  static constexpr bool kDkAfterDq = kStages == 2;
   static constexpr int kSmemBytes = smem_bytes(kStages);
 
   // 128-bit cp.async global -> shared, kGmemThreadsPerRow threads per kBlockKSmem-wide row chunk.

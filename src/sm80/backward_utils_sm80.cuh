@@ -1,5 +1,6 @@
 // Small CuTe building blocks of the sm80 backward kernel: shared-memory-operand GEMM with ldmatrix
-// double-buffering over k, predicated global -> shared tile loads, and the (row, col) view of an MMA accumulator.
+// double-buffering over k, predicated global -> shared tile loads, the (row, col) view of an MMA accumulator, and
+// the fp32 column-pair reduction into global memory.
 #pragma once
 
 #include <type_traits>
@@ -94,6 +95,18 @@ __device__ __forceinline__ void copy_tile_pred(TiledCopy const& tiled_copy, Tens
 __device__ __forceinline__ void cp_async_f32(const float* src, float* dst, bool pred) {
   SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>::copy(*reinterpret_cast<const uint32_t*>(src),
                                                   *reinterpret_cast<uint32_t*>(dst), pred);
+}
+
+// dst[0] += a and dst[1] += b in global memory, fire-and-forget: one vector reduction on sm90 (dst 8-byte
+// aligned), two scalar ones before. Spelled in PTX: atomicAdd on a pointer whose origin the compiler cannot see
+// (the kernel hides its dQ row pointers) becomes a generic-address ATOM with a shared-memory fallback loop.
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(dst), "f"(a) : "memory");
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(dst + 1), "f"(b) : "memory");
+#endif
 }
 
 // Conversion of a whole register fragment (fp32 accumulators to the MMA input type), two elements per
