@@ -12,6 +12,8 @@
 #include <map>
 #include <mutex>
 #include <utility>
+
+#include "core/device_properties.h"
 #endif
 
 namespace cuteattn::detail {
@@ -72,23 +74,6 @@ Status find_entry(const Params& p, Backend backend, bool backward, const KernelE
                               " in this build (compiled head dims: " + (n ? compiled : "none") + ")");
 }
 
-int query_compute_capability(int device) {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major * 10 + minor;
-}
-
-// Asked on every call: queried once per device (devices past the table are queried each time).
-int compute_capability(int device) {
-  constexpr int kCached = 64;
-  static std::once_flag once[kCached];
-  static int cached[kCached];
-  if (device < 0 || device >= kCached) return query_compute_capability(device);
-  std::call_once(once[device], [device] { cached[device] = query_compute_capability(device); });
-  return cached[device];
-}
-
 // Forward scratch for calls without a workspace: one zeroed buffer per (device, stream), allocated on first use
 // and kept for the life of the process. Calls on one stream run in order, and the forward kernels leave the
 // buffer as they found it (the sm90 tile counter returns to zero), so the calls of a stream share it.
@@ -126,7 +111,7 @@ Status stream_scratch(int device, cudaStream_t stream, size_t bytes, void** out)
 Status run(const Params& p, Backend backend, bool backward, void* workspace, size_t workspace_bytes) {
   DeviceGuard guard(p.device_index);
   if (!guard.status().ok()) return guard.status();
-  const int cc = compute_capability(p.device_index);
+  const int cc = DeviceProperties::of(p.device_index).compute_capability;
   if (backend == Backend::kSm90 && cc != 90)
     return Status::NotSupported("backend: sm90 kernels need an sm_90 (Hopper) GPU; this one is sm_" +
                                 std::to_string(cc));
@@ -168,7 +153,8 @@ Status resolve_gpu_backend(const Params& p, bool backward, Backend* chosen) {
   DeviceGuard guard(p.device_index);
   if (!guard.status().ok()) return guard.status();
   const KernelEntry* entry = nullptr;
-  if (compute_capability(p.device_index) == 90 && find_entry(p, Backend::kSm90, backward, &entry).ok()) {
+  const bool hopper = DeviceProperties::of(p.device_index).compute_capability == 90;
+  if (hopper && find_entry(p, Backend::kSm90, backward, &entry).ok()) {
     *chosen = Backend::kSm90;
     return Status::Ok();
   }

@@ -1,8 +1,11 @@
 // Entry point of the sm80 backward family (what the generated instances instantiate): which problems an
 // instance serves, the workspace it needs, and the launch sequence
-//   [D = rowsum(dO * O) | dRab zero-fill] -> main dK/dV/dQ kernel -> dQ (and head-summed dRab) conversion.
+//   [D = rowsum(dO * O) | dRab zero-fill] -> main dK/dV/dQ kernel -> dQ (and atomically head-summed dRab)
+//   conversion.
 // Workspace: fp32 dQ accumulators (one copy per split in deterministic mode), D (softmax), and for HSTU with one
-// rab head shared by several query heads an fp32 (b, max_sk, max_sk) dRab accumulator.
+// rab head shared by several query heads an fp32 (b, max_sk, max_sk rounded to even) dRab accumulator: in
+// deterministic mode partial head sums that one CTA per key block carries from head to head (its last head writes
+// dRab), else the target of atomics from every head, converted by a pass after the main kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,12 +14,12 @@
 #include <cstdint>
 #include <string>
 
+#include "core/device_properties.h"
 #include "core/params.h"
 #include "cuteattn/attention.h"
 #include "sm80/backward_aux_sm80.cuh"
 #include "sm80/backward_kernel_sm80.cuh"
 #include "sm80/backward_traits_sm80.cuh"
-#include "sm80/device_info_sm80.h"
 
 namespace cuteattn::detail {
 
@@ -30,7 +33,8 @@ struct Sm80Backward {
   struct Plan {
     int n_blocks = 0, nsplit = 1, heads_per_cta = 1, kv_group = 1;
     size_t dq_offset = 0, dq_split_elems = 0, dsum_offset = 0, drab_offset = 0, total = 0;
-    bool drab_accum = false;
+    int64_t drab_ld = 0;
+    bool drab_accum = false, drab_walk = false;
   };
 
   static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
@@ -48,11 +52,14 @@ struct Sm80Backward {
     pl.n_blocks = int((p.seqlen_k + block_n() - 1) / block_n());
     pl.kv_group = p.heads_k > 0 ? int(p.heads / p.heads_k) : 1;
     pl.drab_accum = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
-    // Deterministic dRab summed over heads: one CTA walks all heads of a key block in order.
-    pl.heads_per_cta = pl.drab_accum && p.deterministic ? int(p.heads) : pl.kv_group;
+    // Deterministic dRab summed over heads: one CTA walks all heads of a key block in order. Otherwise every head
+    // adds with atomics: on an H100 (HSTU d128, max 1k / 4k) the walk measured no faster than scalar atomics did.
+    pl.drab_walk = pl.drab_accum && p.deterministic;
+    pl.drab_ld = (p.seqlen_k + 1) / 2 * 2;
+    pl.heads_per_cta = pl.drab_walk ? int(p.heads) : pl.kv_group;
     pl.nsplit = pl.n_blocks;
     if (p.deterministic && pl.n_blocks > 0) {
-      const int sms = Sm80DeviceInfo::of(p.device_index).sms;
+      const int sms = DeviceProperties::of(p.device_index).sms;
       const int64_t ctas_yz = std::max<int64_t>(1, p.batch * (p.heads / pl.heads_per_cta));
       const int64_t want = (2 * int64_t(sms) + ctas_yz - 1) / ctas_yz;
       pl.nsplit = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(pl.n_blocks, 32)));
@@ -65,7 +72,7 @@ struct Sm80Backward {
     pl.dsum_offset = off;
     if (!kHstu) off = align_up(off + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
     pl.drab_offset = off;
-    if (pl.drab_accum) off = align_up(off + size_t(p.batch) * size_t(p.seqlen_k) * size_t(p.seqlen_k) * sizeof(float));
+    if (pl.drab_accum) off = align_up(off + size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld) * sizeof(float));
     pl.total = off;
     return pl;
   }
@@ -104,7 +111,7 @@ struct Sm80Backward {
            p.rab_batch_stride % 2 != 0)) {
         return Status::NotSupported("sm80 backward: rab rows must be 4-byte aligned");
       }
-      if (Sm80DeviceInfo::of(p.device_index).smem_optin < sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kSmemBytes) {
+      if (DeviceProperties::of(p.device_index).smem_optin < sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kSmemBytes) {
         return Status::NotSupported("sm80 backward: the device has too little shared memory for head dim " +
                                     std::to_string(kHeadDim));
       }
@@ -131,6 +138,7 @@ struct Sm80Backward {
       args.dq_split_stride = int64_t(pl.dq_split_elems);
       args.dsum = kHstu ? nullptr : reinterpret_cast<float*>(ws + pl.dsum_offset);
       args.drab_accum = pl.drab_accum ? reinterpret_cast<float*>(ws + pl.drab_offset) : nullptr;
+      args.drab_ld = pl.drab_ld;
       args.n_blocks = pl.n_blocks;
       args.nsplit = pl.nsplit;
       args.heads_per_cta = pl.heads_per_cta;
@@ -139,8 +147,9 @@ struct Sm80Backward {
       const int kAuxThreads = 256;
       auto aux_blocks = [](int64_t work) { return int(std::clamp<int64_t>((work + 255) / 256, 1, 8192)); };
       cudaError_t err = cudaMemsetAsync(args.dq_accum, 0, size_t(nsplit_dq) * pl.dq_split_elems * sizeof(float), stream);
-      if (err == cudaSuccess && pl.drab_accum) {
-        err = cudaMemsetAsync(args.drab_accum, 0, size_t(p.batch) * p.seqlen_k * p.seqlen_k * sizeof(float), stream);
+      const bool drab_atomic = pl.drab_accum && !pl.drab_walk;
+      if (err == cudaSuccess && drab_atomic) {
+        err = cudaMemsetAsync(args.drab_accum, 0, size_t(p.batch) * p.seqlen_k * pl.drab_ld * sizeof(float), stream);
       }
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
       if constexpr (!kHstu) {
@@ -149,16 +158,24 @@ struct Sm80Backward {
               <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, const_cast<float*>(args.dsum));
         }
       } else {
-        if (p.drab != nullptr && !pl.drab_accum && p.seqlen_k > 0) {
-          sm80_bwd::write_drab_kernel<Element>
-              <<<aux_blocks(p.batch * p.rab_heads * p.seqlen_k * p.seqlen_k), kAuxThreads, 0, stream>>>(p, nullptr);
+        if (p.drab != nullptr && !drab_atomic && p.seqlen_k > 0) {  // zeros where no query block sees the keys
+          const int64_t sk2 = p.seqlen_k * p.seqlen_k;
+          const bool dense = p.drab_row_stride == p.seqlen_k && p.drab_head_stride == sk2 &&
+                             p.drab_batch_stride == p.rab_heads * sk2;
+          if (dense) {
+            err = cudaMemsetAsync(p.drab, 0, size_t(p.batch * p.rab_heads * sk2) * sizeof(Element), stream);
+          } else {
+            sm80_bwd::write_drab_kernel<Element>
+                <<<aux_blocks(p.batch * p.rab_heads * sk2), kAuxThreads, 0, stream>>>(p, nullptr, 0);
+          }
         }
       }
+      if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
 
       if (pl.n_blocks > 0 && p.batch > 0) {
         const dim3 grid(pl.nsplit, unsigned(p.batch), unsigned(p.heads / pl.heads_per_cta));
         auto kernel = sm80_bwd::bwd_kernel<Traits, kHstu>;
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+        err = opt_in_shared_memory<Traits>(kernel, Traits::kSmemBytes, p.device_index);
         if (err == cudaSuccess) kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
         if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
       }
@@ -168,9 +185,9 @@ struct Sm80Backward {
             <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
                 p, args.dq_accum, args.dq_split_stride, nsplit_dq, kHstu ? 1.0f : p.scale);
       }
-      if (pl.drab_accum && p.seqlen_k > 0) {
+      if (drab_atomic && p.seqlen_k > 0) {
         sm80_bwd::write_drab_kernel<Element>
-            <<<aux_blocks(p.batch * p.seqlen_k * p.seqlen_k), kAuxThreads, 0, stream>>>(p, args.drab_accum);
+            <<<aux_blocks(p.batch * p.seqlen_k * p.seqlen_k), kAuxThreads, 0, stream>>>(p, args.drab_accum, pl.drab_ld);
       }
       err = cudaGetLastError();
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};

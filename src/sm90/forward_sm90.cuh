@@ -16,9 +16,9 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "core/device_properties.h"
 #include "core/params.h"
 #include "cuteattn/attention.h"
-#include "sm90/device_cache_sm90.h"
 #include "sm90/epilogue_sm90.cuh"
 #include "sm90/hstu_sm90.cuh"
 #include "sm90/kernel_traits_sm90.cuh"
@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
-    const int tid = int(threadIdx.x) - 128;
-    const MmaScheduler<kNumMmaThreads> sched{tid / 128};
+    const MmaScheduler<kNumMmaThreads> sched{consumer_thread_index() / 128};
     sched.init();
     PipelineState read_k, read_v, read_rab;
     uint32_t queries = 0;  // tiles with work so far, as the producer counts them
@@ -115,6 +114,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
          tile = handoff.consumer_next(kp.tile_counter, ss.handoff, tile)) {
       const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
       if (!w.has_rows()) continue;
+      // The thread's index read again for the tile and again for its epilogue: derived once, its row coordinates
+      // stayed live across every tile and spilled (softmax d 256, HSTU d 96).
+      const int tid = consumer_thread_index();
       if (!w.has_keys()) {
         Epilogue::store_empty(kp.params, w, tid);
         continue;
@@ -128,17 +130,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         HstuPointwise hstu(kp.params);
         Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
                       tOrO, hstu);
-        Epilogue::store(kp, ss, w, tid, tOrO);
+        Epilogue::store(kp, ss, w, consumer_thread_index(), tOrO);
       } else {
         OnlineSoftmax<2> softmax(kp.score.scale_log2);
         Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
                       tOrO, softmax);
         float inv_sum[2], lse[2];
         softmax.finalize(inv_sum, lse);
-        Epilogue::store(kp, ss, w, tid, tOrO, inv_sum, lse);
+        Epilogue::store(kp, ss, w, consumer_thread_index(), tOrO, inv_sum, lse);
       }
     }
-    Epilogue::drain(tid);
+    Epilogue::drain(consumer_thread_index());
   }
 #else
   __trap();  // built for an architecture without wgmma/TMA: never launched (supports() needs sm_90a)
@@ -250,7 +252,7 @@ struct Sm90Forward {
         {}};
 
     // Dispatch made p.device_index current.
-    const sm90::DeviceProperties device = sm90::device_properties(p.device_index);
+    const DeviceProperties device = DeviceProperties::of(p.device_index);
 
     sm90::TileScheduler& sch = kp.scheduler;
     sch.num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
@@ -290,10 +292,10 @@ struct Sm90Forward {
 
     auto kernel = sm90::forward_kernel_sm90<Traits>;
     constexpr int kSmem = Traits::kSmemBytes;
-    cudaError_t err = sm90::opt_in_shared_memory<Traits>(kernel, kSmem, p.device_index);
+    cudaError_t err = opt_in_shared_memory<Traits>(kernel, kSmem, p.device_index);
     if (err != cudaSuccess)
       return {StatusCode::kCudaError, std::string("sm90 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
-    const int grid = std::min(sch.num_tiles, std::max(device.num_sms, 1));
+    const int grid = std::min(sch.num_tiles, std::max(device.sms, 1));
     kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(kp);
     err = cudaGetLastError();
     if (err != cudaSuccess)

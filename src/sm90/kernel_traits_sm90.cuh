@@ -52,6 +52,14 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool hstu) {
                            : ForwardTileConfig{64, 2};
 }
 
+// Index of a consumer thread among the consumer threads (warpgroups 1 and 2), read through an opaque instruction:
+// the compiler re-reads it where it is used instead of keeping values derived from it in registers.
+CUTE_DEVICE int consumer_thread_index() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return int(t) - 128;
+}
+
 template <DType kDType>
 using ElementOf = std::conditional_t<kDType == DType::kBFloat16, cutlass::bfloat16_t, cutlass::half_t>;
 
@@ -93,8 +101,8 @@ struct ForwardTraitsSm90 {
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0 produces (one TMA warp)
   // setmaxnreg budget: 40 * 128 + 232 * 256 = 64512 = 384 threads x 168 registers (launch bound). With 24
   // registers the producer warp spilled its tile loop (claim, plan, TMA issue: 28 bytes softmax d 128, 108
-  // HSTU d 128); 232 is enough for the consumers (ptxas -v, sm_90a: no spills but softmax d 256, 20 bytes,
-  // and HSTU d 96, 4 bytes, outside the block loop, once per tile).
+  // HSTU d 128); 232 is enough for the consumers (ptxas -v, sm_90a: no spills in any instance; the last ones,
+  // softmax d 256 and HSTU d 96, held the thread's row coordinates across tiles: consumer_thread_index).
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K is 16");

@@ -1,11 +1,11 @@
 // GPU tests of the sm90 forward kernel (TMA + wgmma, warp-specialised): O and LSE against the float64 CPU
 // oracle under the FlashAttention tolerance rule (2x the error of a plain bf16/fp16 computation), every output
 // element written over a NaN poison, for odd lengths, s_q != s_k, varlen with empty sequences, GQA, causal,
-// sliding windows, softcap, rows without visible keys and every head-dim bucket of the build. HSTU (jagged):
-// rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with group sizes), many
-// targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and one-row sequences, every
-// bucket, and d != d_v routed to sm80. The workspace: a caller's (dirty, reused across calls), none when tiles
-// are scheduled statically, too small.
+// sliding windows, softcap, rows without visible keys, several tiles per CTA and every head-dim bucket of the
+// build. HSTU (jagged): rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with
+// group sizes), many targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and one-row
+// sequences, several tiles per CTA, every bucket, and d != d_v routed to sm80. The workspace: a caller's (dirty,
+// reused across calls), none when tiles are scheduled statically, too small.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -145,6 +145,24 @@ TEST_F(Sm90Forward, HeadDims) {
   }
 }
 
+// More tiles than SMs (400: 200 heads x 2 query tiles, the second of one row), so each CTA runs several in turn:
+// Q slots reused (one at d 256, two below) and the next tile loaded while the consumers finish the last one,
+// statically (no mask) and through the dynamic handoff (causal, varlen).
+TEST_F(Sm90Forward, SeveralTilesPerCta) {
+  for (int64_t d : {64, 128, 256}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 200, 200, d, 129, 129);
+    cfg.causal = d != 64;
+    if (!auto_picks_sm90(cfg)) {
+      ADD_FAILURE() << "head dim " << d << ": no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
+      continue;
+    }
+    check_forward(cfg);
+  }
+  std::vector<int32_t> lengths;
+  for (int i = 0; i < 40; ++i) lengths.push_back(i % 7 == 3 ? 0 : 65 + 19 * (i % 5));
+  check_forward(softmax_varlen(DType::kFloat16, lengths, {}, 8, 4, 256));
+}
+
 // ---- HSTU (jagged layout) ----
 
 // Causal HSTU with alpha = 1/d, the benchmark's setting. GPU rab rows start on 16-byte boundaries (checked),
@@ -202,6 +220,16 @@ TEST_F(Sm90Forward, HstuLong) {
   cfg.rab_heads = 1;
   cfg.num_targets = {30, 10};
   cfg.target_group_size = 2;
+  check_forward(cfg);
+}
+
+// More tiles than SMs (about 300) with rab: several tiles per CTA through the dynamic handoff, one Q slot at d 128
+// (the next tile's Q waits for the last Q K^T of this one).
+TEST_F(Sm90Forward, HstuSeveralTilesPerCta) {
+  std::vector<int32_t> lengths;
+  for (int i = 0; i < 50; ++i) lengths.push_back(i % 9 == 4 ? 0 : 128 + 40 * (i % 3));
+  CaseConfig cfg = hstu(DType::kBFloat16, lengths, 4, 128);
+  cfg.rab_heads = 1;
   check_forward(cfg);
 }
 
