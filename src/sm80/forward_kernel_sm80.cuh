@@ -34,6 +34,16 @@ CUTE_DEVICE float tanh_approx(float x) {
   return y;
 }
 
+// x, passed through a shuffle from the thread's own lane: neither the compiler nor ptxas can see that the
+// result equals x, so the index arithmetic derived from it is done where it is needed, inside the loop body,
+// instead of being hoisted out (or shared between call sites) and kept live across the whole key loop.
+// Every call site is reached by whole warps.
+CUTE_DEVICE int opaque_int(int x) {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return __shfl_sync(0xffffffffu, x, lane);
+}
+
 // HSTU activation: silu(s) * inv_scaling_seqlen; __fdividef is exact enough here and returns 0 (the
 // limit) when exp(-s) overflows.
 CUTE_DEVICE float silu_scaled(float s, float inv_scaling_seqlen) {
@@ -66,16 +76,18 @@ CUTE_DEVICE void store_empty_block(const Params& p, TO& gO, int rows, int64_t ls
 
 // Sets the invisible entries of a score tile (keys n0..) to `value`. `spans` holds, per tile row, the
 // visible keys of that row as two intervals [x, y) and [z, w) (Mask's visible_spans, precomputed once per
-// query block), so the test is four 32-bit compares per element.
+// query block). The bounds are moved to this thread's column frame once per row, so each element is tested
+// against compile-time column offsets: no per-element coordinates stay live across the key loop.
 template <class TS, class TC>
 CUTE_DEVICE void mask_tile(TS& scores_rc, TC const& coords_rc, const int4* spans, int n0, float value) {
+  const int col0 = n0 + get<1>(coords_rc(0, 0));
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(scores_rc); ++mi) {
     const int4 sp = spans[get<0>(coords_rc(mi, 0))];
-    const int a0 = sp.x - n0, a1 = sp.y - n0, b0 = sp.z - n0, b1 = sp.w - n0;
+    const int a0 = sp.x - col0, a1 = sp.y - col0, b0 = sp.z - col0, b1 = sp.w - col0;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(scores_rc); ++ni) {
-      const int c = get<1>(coords_rc(0, ni));
+      const int c = get<1>(coords_rc(0, ni)) - get<1>(coords_rc(0, 0));
       if (!((c >= a0 && c < a1) || (c >= b0 && c < b1))) scores_rc(mi, ni) = value;
     }
   }
@@ -117,8 +129,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   // The walk goes down from n_block_max - 1 and jumps over the key blocks no row of this block sees (target
   // keys before the rows' own target groups: Mask::key_hole).
   const Range skipped = detail::blocks_inside(mask.key_hole(m0, m0 + kBlockM), kBlockN);
+  const int skip_begin = int(skipped.begin), skip_end = int(skipped.end);
   auto next_block = [&](int n_block) {
-    return n_block - 1 >= skipped.begin && n_block - 1 < skipped.end ? int(skipped.begin) - 1 : n_block - 1;
+    return n_block - 1 >= skip_begin && n_block - 1 < skip_end ? skip_begin - 1 : n_block - 1;
   };
 
   // Per-row visible key spans (sequence key indices < 2^31: cu_seqlens are int32), and the keys every
@@ -141,8 +154,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     }
   }
   __syncthreads();
-  const int full_lo = smem_full[0];
-  const int full_hi = smem_full[1];
+  // Key blocks [full_begin, full_end) lie wholly inside [full_lo, full_hi).
+  const int full_begin = (smem_full[0] + kBlockN - 1) / kBlockN;
+  const int full_end = smem_full[1] / kBlockN;
 
   const Element* q_ptr = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, m0, head);
   const Element* k_ptr = static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, 0, head_k);
@@ -182,12 +196,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   Tensor tQcQ = gmem_thr_copy.partition_S(cQ);     // (CPY, CPY_M, CPY_K)
   Tensor tKVcKV = gmem_thr_copy.partition_S(cKV);  // (CPY, CPY_N, CPY_K)
   Tensor tQKp = make_tensor<bool>(make_shape(size<2>(tQsQ)));  // (CPY_K): column chunk inside d
-  Tensor tVp = make_tensor<bool>(make_shape(size<2>(tVsV)));   // (CPY_K): column chunk inside d_v
   CUTE_UNROLL
-  for (int k = 0; k < size(tQKp); ++k) {
-    tQKp(k) = get<1>(tQcQ(0, 0, k)) < p.head_dim;
-    tVp(k) = get<1>(tQcQ(0, 0, k)) < p.head_dim_v;
-  }
+  for (int k = 0; k < size(tQKp); ++k) tQKp(k) = get<1>(tQcQ(0, 0, k)) < p.head_dim;
 
   // MMA partitions and the ldmatrix copies that feed them.
   typename Traits::TiledMma tiled_mma;
@@ -199,22 +209,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_K)
   clear(acc_o);
 
+  // The ldmatrix tiled copies; their per-thread partitions are rebuilt in every key step (see step).
   auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(tid);
-  Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
   auto smem_tiled_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(tid);
-  Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
   auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
-  auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tid);
-  Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
 
-  // Tile coordinates of each score register, viewed as (rows, cols).
-  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
-  Tensor tScS = thr_mma.partition_C(cS);                                   // (MMA, MMA_M, MMA_N)
-  Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));  // (ROWS, COLS)
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (ROWS, COLS_O)
-  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  // Tile coordinates of each score register, viewed as (rows, cols); built where a step needs them, from an
+  // opaque thread index (see opaque_int).
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
+  auto score_coords = [&]() {
+    Tensor tScS = tiled_mma.get_thread_slice(opaque_int(tid)).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+    return make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));          // (ROWS, COLS)
+  };
 
   const int64_t sk = seq.sk;
   const bool has_softcap = !kHstu && p.softcap > 0.0f;
@@ -227,7 +235,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
                 (p.rab_heads == 1 ? 0 : int64_t(head)) * p.rab_head_stride;
     }
   }
-  OnlineSoftmax<kRows> softmax;
+  static_assert(kRows == Traits::kRowsPerThread);
+  constexpr int kSumRows = kHstu ? 1 : kRows;  // HSTU keeps no row sums
+  __shared__ float smem_row_sum[kSumRows][Traits::kNThreads];
+  OnlineSoftmax<kSumRows, Traits::kNThreads> softmax(smem_row_sum, tid);
+
+  // Starts the cp.async copy of one K or V block (rows past max_rows and columns past head_dim zero-filled).
+  // Addresses and column predicates come from an opaque thread index, so they are rebuilt at each copy
+  // instead of being kept across the key loop (8 64-bit row addresses and the predicates per tensor).
+  auto copy_kv_block = [&](auto kRowCheck, auto gX, auto& tXsX, int64_t head_dim, int max_rows)
+      __attribute__((always_inline)) {
+    auto thr_copy = gmem_tiled_copy.get_thread_slice(opaque_int(tid));
+    Tensor tXgX = thr_copy.partition_S(gX);    // (CPY, CPY_N, CPY_K)
+    Tensor tXcX = thr_copy.partition_S(cKV);   // (CPY, CPY_N, CPY_K)
+    Tensor tXp = make_tensor<bool>(make_shape(size<2>(tXgX)));  // (CPY_K)
+    CUTE_UNROLL
+    for (int k = 0; k < size(tXp); ++k) tXp(k) = get<1>(tXcX(0, 0, k)) < head_dim;
+    copy_tile_predicated<decltype(kRowCheck)::value>(gmem_tiled_copy, tXgX, tXsX, tXcX, tXp, max_rows);
+  };
 
   // Prologue: Q and the last key block in flight together.
   copy_tile_predicated<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, tQKp, rows_q);
@@ -240,6 +265,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   // One key block. kMasked: the tile has invisible or out-of-range entries (element mask, row-checked V
   // copy); kFeature: softcap (softmax) or rab (HSTU) is on. Each combination is a separate inlined copy of
   // the body so that the common path (full tile, no feature) carries no predicated-off mask or tanh work.
+  using Yes = std::true_type;
+  using No = std::false_type;
   auto step = [&](int n_block, auto masked_tag, auto feature_tag) __attribute__((always_inline)) {
     constexpr bool kMasked = decltype(masked_tag)::value;
     constexpr bool kFeature = decltype(feature_tag)::value;
@@ -255,15 +282,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     }
     __syncthreads();  // K(n) visible to all warps; every warp is done with V(n+1)
     {
-      Tensor tVgV = gmem_thr_copy.partition_S(gV_block(n_block));  // (CPY, CPY_N, CPY_K)
       // Only a masked tile can be partial (a full tile ends at or before the last key).
-      copy_tile_predicated<kMasked>(gmem_tiled_copy, tVgV, tVsV, tKVcKV, tVp, int(sk - n0));
+      copy_kv_block(std::bool_constant<kMasked>{}, gV_block(n_block), tVsV, p.head_dim_v, int(sk - n0));
       cp_async_fence();
     }
 
     // HSTU relative attention bias, read straight into the accumulator layout; in flight during Q K^T.
     Tensor rRab = make_tensor<float>(shape(acc_s_rc));  // (ROWS, COLS)
     if constexpr (kHstu && kFeature) {
+      Tensor tScS_rc = score_coords();  // (ROWS, COLS)
       CUTE_UNROLL
       for (int mi = 0; mi < size<0>(rRab); ++mi) {
         const int64_t i = m0 + get<0>(tScS_rc(mi, 0));
@@ -278,6 +305,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
       }
     }
 
+    // Swizzled shared addresses of every k-slice, derived here from a thread index the compiler cannot
+    // see through: hoisted out of the key loop they would hold ~20 registers for the whole loop.
+    const int step_tid = opaque_int(tid);
+    auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(step_tid);
+    Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
+    auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(step_tid);
+    Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
     gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
             smem_thr_copy_K);
 
@@ -290,25 +324,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
           acc_s_rc(mi, ni) = silu_scaled(p.alpha * qk, p.inv_scaling_seqlen);
         }
       }
-      if constexpr (kMasked) mask_tile(acc_s_rc, tScS_rc, smem_spans, int(n0), 0.0f);
+      if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), 0.0f);
     } else {
       if constexpr (kFeature) {
         CUTE_UNROLL
         for (int e = 0; e < size(acc_s); ++e) acc_s(e) = p.softcap * tanh_approx(acc_s(e) * softcap_in);
       }
-      if constexpr (kMasked) mask_tile(acc_s_rc, tScS_rc, smem_spans, int(n0), -INFINITY);
+      if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), -INFINITY);
     }
 
     cp_async_wait<0>();
     if constexpr (Traits::kFp32) round_tile_to_tf32(tVsV);
     __syncthreads();  // V(n) visible to all warps; every warp is done reading K(n)
     if (next_block(n_block) >= n_block_min) {
-      Tensor tKgK = gmem_thr_copy.partition_S(gK_block(next_block(n_block)));  // (CPY, CPY_N, CPY_K)
-      copy_tile_predicated<false>(gmem_tiled_copy, tKgK, tKsK, tKVcKV, tQKp, kBlockN);
+      copy_kv_block(std::false_type{}, gK_block(next_block(n_block)), tKsK, p.head_dim, kBlockN);
       cp_async_fence();
     }
 
-    if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2);
+    if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2, opaque_int(tid));
 
     Tensor rP = convert_fragment<typename Traits::ElementMma>(acc_s);  // (MMA, MMA_M, MMA_N)
     Tensor tOrP = make_tensor(rP.data(), [&] {
@@ -318,27 +351,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
         return acc_layout_as_a_operand(rP.layout());  // ((2,2,2), MMA_M, MMA_N / 2)
       }
     }());
+    auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(opaque_int(tid));
+    Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   };
 
-  const bool feature = kHstu ? rab_ptr != nullptr : has_softcap;
-  using Yes = std::true_type;
-  using No = std::false_type;
-  for (int n_block = n_block_max - 1; n_block >= n_block_min; n_block = next_block(n_block)) {
-    const bool full = n_block * kBlockN >= full_lo && n_block * kBlockN + kBlockN <= full_hi;
-    if (feature) {
-      full ? step(n_block, No{}, Yes{}) : step(n_block, Yes{}, Yes{});
-    } else {
-      full ? step(n_block, No{}, No{}) : step(n_block, Yes{}, No{});
+  // Runs of masked blocks (above the full range, and below it for windows and targets) alternate with the
+  // run of full ones; each run is its own loop around one inlined copy of the body.
+  auto walk = [&](auto feature_tag) __attribute__((always_inline)) {
+    int n_block = n_block_max - 1;
+    while (n_block >= n_block_min) {
+      for (; n_block >= n_block_min && (n_block >= full_end || n_block < full_begin); n_block = next_block(n_block)) {
+        step(n_block, Yes{}, feature_tag);
+      }
+      for (; n_block >= n_block_min && n_block >= full_begin; n_block = next_block(n_block)) {
+        step(n_block, No{}, feature_tag);
+      }
     }
+  };
+  if (kHstu ? rab_ptr != nullptr : has_softcap) {
+    walk(Yes{});
+  } else {
+    walk(No{});
   }
 
-  // Epilogue: normalise, stage O through shared memory (reusing sQ), store with 128-bit vectors.
+  // Epilogue: normalise, stage O through shared memory (reusing sQ), store with 128-bit vectors. Its
+  // thread-dependent coordinates come from a fresh opaque index, so none of them is kept across the loop.
+  const int epi_tid = opaque_int(tid);
   Tensor rLse = make_tensor<float>(Shape<Int<kRows>>{});  // (ROWS)
-  if constexpr (!kHstu) softmax.finalize(acc_o_rc, rLse);
+  if constexpr (!kHstu) softmax.finalize(acc_o_rc, rLse, epi_tid);
   Tensor rO = convert_fragment<Element>(acc_o);  // (MMA, MMA_M, MMA_K)
   auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
-  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(tid);
+  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(epi_tid);
   Tensor taccOrO = smem_thr_copy_O.retile_S(rO);   // (CPY, CPY_M, CPY_K)
   Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_K)
   __syncthreads();  // every warp is done reading sQ before it is overwritten with O
@@ -347,7 +391,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   if constexpr (!kHstu) {
     if (p.lse != nullptr) {
       Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
-      Tensor tOcO = thr_mma.partition_C(cO);                                    // (MMA, MMA_M, MMA_K)
+      Tensor tOcO = tiled_mma.get_thread_slice(epi_tid).partition_C(cO);        // (MMA, MMA_M, MMA_K)
       Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));  // (ROWS, COLS_O)
       if (get<1>(tOcO_rc(0, 0)) == 0) {  // the first thread of each quad owns its rows' LSE
         CUTE_UNROLL
@@ -361,13 +405,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   __syncthreads();
 
   typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
-  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tid);
+  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(epi_tid);
   Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (CPY, CPY_M, CPY_K)
   Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (CPY, CPY_M, CPY_K)
   Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (CPY, CPY_M, CPY_K)
   cute::copy(gmem_tiled_copy_O, tOsO, tOrO);
   Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (CPY, CPY_M, CPY_K)
-  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, tVp, rows_q);
+  Tensor tOpO = make_tensor<bool>(make_shape(size<2>(tOgO)));  // (CPY_K): column chunk inside d_v
+  CUTE_UNROLL
+  for (int k = 0; k < size(tOpO); ++k) tOpO(k) = get<1>(tOcO(0, 0, k)) < p.head_dim_v;
+  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, tOpO, rows_q);
 }
 
 }  // namespace cuteattn::sm80

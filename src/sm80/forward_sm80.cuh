@@ -60,8 +60,8 @@ struct Sm80Forward {
     if (kHstu && p.rab != nullptr && p.rab_heads != 1 && p.rab_heads != p.heads) {
       return Status::NotSupported("sm80 forward: rab heads must be 1 or h");
     }
-    // Dynamic tiles plus the kernel's static mask spans (e.g. fp32 d = 128 needs more than sm86/89's 99 KB).
-    if (Sm80DeviceInfo::of(p.device_index).smem_optin < Traits::kSmemBytes + Traits::kBlockM * 16 + 8) {
+    // Dynamic tiles plus the kernel's static arrays (e.g. fp32 d = 128 needs more than sm86/89's 99 KB).
+    if (Sm80DeviceInfo::of(p.device_index).smem_optin < Traits::kSmemBytes + Traits::kSmemStaticBytes) {
       return Status::NotSupported("sm80 forward: the device has too little shared memory for head dim " +
                                   std::to_string(kHeadDim));
     }

@@ -101,6 +101,10 @@ struct ForwardTraits {
   static constexpr int kSmemQBytes = int(cosize(SmemLayoutQ{})) * int(sizeof(Element));
   static constexpr int kSmemKVBytes = int(cosize(SmemLayoutKV{})) * int(sizeof(Element));
   static constexpr int kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes;
+  // Accumulator rows per thread (two per 16-row MMA step), and the kernel's static shared memory: per-row
+  // visible key spans (int4), the full-block bounds (2 int) and the softmax row sums (float per row and thread).
+  static constexpr int kRowsPerThread = kBlockM / (8 * kNWarps);
+  static constexpr int kSmemStaticBytes = kBlockM * 16 + 8 + (kHstu ? 1 : kRowsPerThread) * kNThreads * 4;
 
   // K-major operands (Q, K): ldmatrix, also for tf32 (one tf32 = a pair of b16). V^T: see SmemLayoutVt.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, ElementMma>;
