@@ -9,10 +9,10 @@
 
 #include <cutlass/numeric_types.h>
 
+#include "core/device_properties.h"
 #include "core/params.h"
 #include "cuteattn/attention.h"
 #include "cuteattn/types.h"
-#include "sm80/device_info_sm80.h"
 #include "sm80/forward_kernel_sm80.cuh"
 #include "sm80/kernel_traits_fwd_sm80.cuh"
 
@@ -61,7 +61,7 @@ struct Sm80Forward {
       return Status::NotSupported("sm80 forward: rab heads must be 1 or h");
     }
     // Dynamic tiles plus the kernel's static arrays (e.g. fp32 d = 128 needs more than sm86/89's 99 KB).
-    if (Sm80DeviceInfo::of(p.device_index).smem_optin < Traits::kSmemBytes + Traits::kSmemStaticBytes) {
+    if (DeviceProperties::of(p.device_index).smem_optin < Traits::kSmemBytes + Traits::kSmemStaticBytes) {
       return Status::NotSupported("sm80 forward: the device has too little shared memory for head dim " +
                                   std::to_string(kHeadDim));
     }
@@ -75,7 +75,7 @@ struct Sm80Forward {
     if (m_blocks == 0 || p.batch == 0 || p.heads == 0) return Status::Ok();
     auto kernel = &sm80::forward_kernel_sm80<Traits>;
     constexpr int kSmem = Traits::kSmemBytes;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    cudaError_t err = opt_in_shared_memory<Traits>(kernel, kSmem, p.device_index);
     if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 forward: ") + cudaGetErrorString(err)};
     const dim3 grid(unsigned(m_blocks), unsigned(p.batch), unsigned(p.heads));
     kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
