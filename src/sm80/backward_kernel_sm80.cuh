@@ -483,25 +483,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rdS), tdSsdS);
           __syncthreads();  // sP and sdS are complete
 
-          // dV += P^T dO, dK += dS^T Q (dK after dQ where the traits say so: its MMAs then run while the dQ
-          // atomics drain).
+          // dV += P^T dO, then dQ += dS K and dK += dS^T Q (dK before dQ where Traits::kDkAfterDq is off: the
+          // reordering costs spills there). dQ is accumulated in fp32 in the workspace, one column
+          // chunk at a time. This thread's rows are dq_r0 + dq_row_delta(slot); each reduction address is a row
+          // pointer plus a compile-time column delta. The empty asm keeps the row pointers from being recomputed
+          // (64-bit multiply) at every reduction. A block wholly inside sq and d reduces without per-element tests
+          // (and without the branches around each of them).
           gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, smem_thr_copy_dkv_b.partition_S(sdOt),
                   smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
-          auto gemm_dk = [&] {
+          auto gemm_dk = [&](auto const& hook) {
             gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, smem_thr_copy_dkv_b.partition_S(sQt),
-                    smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
+                    smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b, hook);
             if (kStages == 1 && m_next < m_end) {
               __syncthreads();  // sQ/sdO are free once every warp finished dK and dV
               load_q_do(m_next, 0);
             }
           };
-          if constexpr (!Traits::kDkAfterDq) gemm_dk();
-
-          // dQ += dS K, accumulated in fp32 in the workspace, one column chunk at a time. This thread's rows are
-          // dq_r0 + dq_row_delta(slot); each atomic address is a row pointer plus a compile-time column delta.
-          // The empty asm keeps the row pointers from being recomputed (64-bit multiply) at every atomic. A block
-          // wholly inside sq and d issues its atomics without per-element tests (and without the branches
-          // around each of them).
+          if constexpr (!Traits::kDkAfterDq) gemm_dk(NoHook{});
           const int dq_r0 = get<0>(tdQcdQ(0)), dq_c0 = get<1>(tdQcdQ(0));
           float* dq_row[kDqRowSlots];
           bool dq_row_ok[kDqRowSlots];
@@ -516,6 +514,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             dq_row_ok[slot] = m0 + dq_r0 + dq_row_delta(slot) < sq;
           }
           const bool dq_block_in = m0 + kBlockM <= sq && d == kHeadDim;
+          // Reductions of the column pairs [e_begin, e_end) / 2 of chunk `chunk`. Accumulator elements 2k and
+          // 2k + 1 are columns c and c + 1 of one row (c even, d a multiple of 8).
+          auto reduce_dq = [&](auto const& acc_dq, int chunk, int e_begin, int e_end) {
+            auto add_pair = [&](int e) {
+              const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0), c = chunk * kDqCols + get<1>(tdQcdQ(e));
+              red_add_f32x2(dq_row[slot] + (c - dq_c0), acc_dq(e), acc_dq(e + 1));
+            };
+            if (dq_block_in) {
+              CUTE_UNROLL
+              for (int e = e_begin; e < e_end; e += 2) add_pair(e);
+            } else {
+              CUTE_UNROLL
+              for (int e = e_begin; e < e_end; e += 2) {
+                const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0);
+                if (dq_row_ok[slot] && (dq_col_ok >> (chunk * kDqPairs + e / 2) & 1u)) add_pair(e);
+              }
+            }
+          };
           CUTE_UNROLL
           for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
             Tensor sKt_chunk = local_tile(sKt, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(chunk, 0));  // (kDqCols, kBlockN)
@@ -523,25 +539,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             clear(acc_dq);
             gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, smem_thr_copy_dq_b.partition_S(sKt_chunk),
                     smem_tiled_copy_dq_a, smem_tiled_copy_dq_b, smem_thr_copy_dq_a, smem_thr_copy_dq_b);
-            // Accumulator elements 2k and 2k+1 are columns c and c + 1 of one row (c even, d a multiple of 8).
-            auto add_pair = [&](int e) {
-              const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0), c = chunk * kDqCols + get<1>(tdQcdQ(e));
-              float* dst = dq_row[slot] + (c - dq_c0);
-              red_add_f32x2(dst, acc_dq(e), acc_dq(e + 1));
-            };
-            if (dq_block_in) {
-              CUTE_UNROLL
-              for (int e = 0; e < size(acc_dq); e += 2) add_pair(e);
+            if (Traits::kDkAfterDq && Traits::kDqRedSteps > 0 && chunk == Traits::kDqChunks - 1) {
+              // The last chunk's reductions go out during the dK GEMM, kDqRedSteps k-slices of it taking a share
+              // each: issued all at once they stall its first ldmatrix, which reuses their source registers.
+              constexpr int kSteps = Traits::kDqRedSteps > 0 ? Traits::kDqRedSteps : 1;
+              constexpr int kPerStep = (kDqPairs + kSteps - 1) / kSteps;
+              gemm_dk([&](int k) {
+                if (k < kSteps) {
+                  reduce_dq(acc_dq, chunk, 2 * kPerStep * k, cute::min(2 * kPerStep * (k + 1), 2 * kDqPairs));
+                }
+              });
             } else {
-              CUTE_UNROLL
-              for (int e = 0; e < size(acc_dq); e += 2) {
-                const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0);
-                if (dq_row_ok[slot] && (dq_col_ok >> (chunk * kDqPairs + e / 2) & 1u)) add_pair(e);
-              }
+              reduce_dq(acc_dq, chunk, 0, 2 * kDqPairs);
             }
           }
-
-          if constexpr (Traits::kDkAfterDq) gemm_dk();
+          if constexpr (Traits::kDkAfterDq && Traits::kDqRedSteps == 0) gemm_dk(NoHook{});
 
           m = m_next;
           if (kStages == 2) stage ^= 1;

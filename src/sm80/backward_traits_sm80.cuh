@@ -141,6 +141,11 @@ struct BwdTraits {
   // The loop runs dV, dQ, dK (the dK MMAs overlap the dQ atomics), except single-buffered (d = 256), where
   // the reordering costs spills.
   static constexpr bool kDkAfterDq = kStages == 2;
+  // With kDkAfterDq: the dK GEMM's k-slices (of kBlockM / kMmaK) over which the last dQ chunk's reductions are
+  // spread (H100, softmax bf16, vs FA2: d128 0.82-0.89x -> 0.87-0.96x, d64 0.80-0.83x -> 0.84-0.88x; all at
+  // slice 0 measured no faster than before the GEMM); 0 issues them all before the dK GEMM: HSTU (spreading them
+  // raises its spills) and tf32 (not measured).
+  static constexpr int kDqRedSteps = kHstu || kFp32 ? 0 : kBlockM / kMmaK;
   static constexpr int kSmemBytes = smem_bytes(kStages);
 
   // 128-bit cp.async global -> shared, kGmemThreadsPerRow threads per kBlockKSmem-wide row chunk.

@@ -25,13 +25,19 @@ __device__ __forceinline__ auto rowcol(Layout const& acc_layout) {
                      make_layout(get<0, 0>(acc_layout), get<2>(acc_layout)));
 }
 
+struct NoHook {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+
 // acc += A * B^T with both operands in shared memory, read through ldmatrix one k-slice ahead of the MMA.
+// hook(k) runs once slice k is in registers, before slice k + 1 is loaded and slice k multiplied (tf32: before
+// slice k is loaded): work placed there overlaps the MMAs instead of delaying the first ldmatrix.
 template <class TiledMma, class TensorAcc, class TensorRA, class TensorRB, class TensorSA, class TensorSB,
-          class CopyA, class CopyB, class ThrCopyA, class ThrCopyB>
+          class CopyA, class CopyB, class ThrCopyA, class ThrCopyB, class Hook = NoHook>
 __device__ __forceinline__ void gemm_ss(TiledMma& tiled_mma, TensorAcc& acc, TensorRA& tCrA, TensorRB& tCrB,
                                         TensorSA const& tCsA, TensorSB const& tCsB, CopyA const& copy_a,
                                         CopyB const& copy_b, ThrCopyA const& thr_copy_a,
-                                        ThrCopyB const& thr_copy_b) {
+                                        ThrCopyB const& thr_copy_b, Hook const& hook = Hook{}) {
   Tensor tCrA_view = thr_copy_a.retile_D(tCrA);  // (CPY, CPY_M, CPY_K)
   Tensor tCrB_view = thr_copy_b.retile_D(tCrB);  // (CPY, CPY_N, CPY_K)
   if constexpr (std::is_same_v<typename TensorRB::value_type, cutlass::tfloat32_t>) {
@@ -42,6 +48,7 @@ __device__ __forceinline__ void gemm_ss(TiledMma& tiled_mma, TensorAcc& acc, Ten
     static_assert(kPer * decltype(size<1>(tCrB_view))::value == decltype(size<1>(tCrB))::value);
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tCrA); ++k) {
+      hook(k);
       copy(copy_a, tCsA(_, _, k), tCrA_view(_, _, k));
       CUTE_UNROLL
       for (int n = 0; n < size<1>(tCrB_view); ++n) {
@@ -58,6 +65,7 @@ __device__ __forceinline__ void gemm_ss(TiledMma& tiled_mma, TensorAcc& acc, Ten
     copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tCrA); ++k) {
+      hook(k);
       if (k < size<2>(tCrA) - 1) {
         copy(copy_a, tCsA(_, _, k + 1), tCrA_view(_, _, k + 1));
         copy(copy_b, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1));
