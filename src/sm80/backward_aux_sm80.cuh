@@ -1,6 +1,6 @@
 // The small kernels around the sm80 backward main loop: D = rowsum(dO * O) before it (softmax), zero-filling
-// dRab before it (HSTU, one rab head per query head), and after it the fp32 -> dtype conversions of dQ (summing
-// the deterministic partials in a fixed order) and of the head-summed dRab.
+// dRab or the visible part of its fp32 head-sum accumulator before it (HSTU), and after it the fp32 -> dtype
+// conversions of dQ (summing the deterministic partials in a fixed order) and of the head-summed dRab.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 #include "core/params.h"
 #include "sm80/utils_sm80.cuh"
+#include "variants/mask.h"
 #include "variants/sequence.h"
 
 namespace cuteattn::detail::sm80_bwd {
@@ -105,20 +106,61 @@ __global__ void convert_dq_kernel(const __grid_constant__ Params p, const float*
   }
 }
 
-// Every element of dRab (b, rab_heads, max_sk, max_sk): zero (accum == null) or the fp32 head sum (rab_heads == 1,
-// accum rows ld floats apart).
+// The columns of dRab row r (a key position) of batch entry bi that the main kernel sums into: the keys query
+// row r - off sees, as two spans of Mask's visible_spans (empty for rows no query sits at).
+__device__ __forceinline__ void drab_row_spans(const Params& p, int64_t bi, int64_t r, Range* first, Range* second) {
+  const SequenceInfo seq = SequenceInfo::of(p, bi);
+  const Mask mask = Mask::of(p, seq, bi);
+  visible_spans(mask, r - mask.off, first, second);
+}
+
+// Zeroes the fp32 dRab accumulator (b, max_sk, ld) where the main kernel's atomics land and write_drab_kernel
+// reads: row blockIdx.x of batch entry blockIdx.z, from the first to the last visible column (rounded out to
+// column pairs; ld is even). The rest of the buffer is never read. Internal linkage: every instance's translation
+// unit holds its own copy of this non-template kernel.
+static __global__ void zero_drab_accum_kernel(const __grid_constant__ Params p, float* accum, int64_t ld) {
+  const int64_t r = blockIdx.x, bi = blockIdx.z;
+  Range a, b;
+  drab_row_spans(p, bi, r, &a, &b);
+  const bool has_a = a.begin < a.end, has_b = b.begin < b.end;
+  if (!has_a && !has_b) return;
+  const int64_t lo = (has_a && has_b ? min64(a.begin, b.begin) : has_a ? a.begin : b.begin) / 2 * 2;
+  const int64_t hi = has_a && has_b ? max64(a.end, b.end) : has_a ? a.end : b.end;
+  float* row = accum + (bi * p.seqlen_k + r) * ld;
+  for (int64_t j = lo + 2 * int64_t(threadIdx.x); j < hi; j += 2 * int64_t(blockDim.x)) {
+    *reinterpret_cast<float2*>(row + j) = make_float2(0.0f, 0.0f);
+  }
+}
+
+// Row blockIdx.x of dRab (b, rab_heads, max_sk, max_sk), rab head blockIdx.y, batch entry blockIdx.z: zero
+// (accum == null), or the fp32 head sum (rab_heads == 1, accum rows ld floats apart) on the visible columns and
+// zero elsewhere. Column pairs as one 32-bit store where the row is 4-byte aligned.
 template <class Element>
 __global__ void write_drab_kernel(const __grid_constant__ Params p, const float* accum, int64_t ld) {
   const int64_t msk = p.seqlen_k;
-  const int64_t n = p.batch * p.rab_heads * msk * msk;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = e % msk;
-    const int64_t r = (e / msk) % msk;
-    const int64_t h = (e / (msk * msk)) % p.rab_heads;
-    const int64_t bi = e / (msk * msk * p.rab_heads);
-    const float value = accum != nullptr ? accum[(bi * msk + r) * ld + j] : 0.0f;
-    static_cast<Element*>(p.drab)[bi * p.drab_batch_stride + h * p.drab_head_stride + r * p.drab_row_stride + j] =
-        static_cast<Element>(value);
+  const int64_t r = blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+  Range a = {0, 0}, b = {0, 0};
+  const float* src = nullptr;
+  if (accum != nullptr) {
+    drab_row_spans(p, bi, r, &a, &b);
+    src = accum + (bi * msk + r) * ld;
+  }
+  auto value = [&](int64_t j) {
+    return (j >= a.begin && j < a.end) || (j >= b.begin && j < b.end) ? src[j] : 0.0f;
+  };
+  Element* dst = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride + h * p.drab_head_stride + r * p.drab_row_stride;
+  if (reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(Element)) == 0) {
+    using Pair = cute::uint_bit_t<2 * cute::sizeof_bits_v<Element>>;
+    for (int64_t j = 2 * int64_t(threadIdx.x); j < msk; j += 2 * int64_t(blockDim.x)) {
+      if (j + 1 < msk) {
+        Element pair[2] = {static_cast<Element>(value(j)), static_cast<Element>(value(j + 1))};
+        *reinterpret_cast<Pair*>(dst + j) = *reinterpret_cast<const Pair*>(pair);
+      } else {
+        dst[j] = static_cast<Element>(value(j));
+      }
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < msk; j += blockDim.x) dst[j] = static_cast<Element>(value(j));
   }
 }
 

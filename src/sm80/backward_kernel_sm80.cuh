@@ -33,6 +33,8 @@ struct BwdKernelArgs {
   int nsplit;               // CTAs along x; CTA x walks key blocks x, x + nsplit, ... (deterministic mode)
   int heads_per_cta;        // query heads one CTA walks, in order (a multiple of kv_group)
   int kv_group;             // heads / heads_k: query heads whose dK/dV sum into one kv head
+  bool drab_walk;           // drab_accum holds the partial sums one CTA carries through every head (else atomics)
+  bool heads_inner;         // grid (nsplit * head groups, b, 1), the head group fastest; else (nsplit, b, head groups)
 };
 
 template <class Traits, bool kHstu>
@@ -47,6 +49,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
   const Params& p = args.p;
   const int tidx = threadIdx.x;
+  // Softmax never takes the heads-inner grid: there both indices stay special registers (no live registers).
+  const bool heads_inner = kHstu && args.heads_inner;
+  const int head_groups = int(p.heads / args.heads_per_cta);
+  const int split_x = heads_inner ? int(blockIdx.x) / head_groups : int(blockIdx.x);
+  const int head_group = heads_inner ? int(blockIdx.x) % head_groups : int(blockIdx.z);
   const int64_t bi = blockIdx.y;
   const SequenceInfo seq = SequenceInfo::of(p, bi);
   const Mask mask = Mask::of(p, seq, bi);
@@ -100,9 +107,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
   Tensor tScS = thr_mma_sdp.partition_C(cS);                                // (MMA, MMA_M, MMA_N)
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (ROW, COL)
+  const auto acc_rc = rowcol(make_layout(shape(tScS)));  // (ROW, COL) -> index into an S/dP accumulator
   auto smem_tiled_copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, tiled_mma_sdp);
   auto smem_thr_copy_pds = smem_tiled_copy_pds.get_thread_slice(tidx);
   Tensor tPsP = smem_thr_copy_pds.partition_D(sP);        // (CPY, CPY_M, CPY_N)
+  Tensor tSsP = thr_mma_sdp.partition_C(sP);              // (MMA, MMA_M, MMA_N): where this thread's P goes
   Tensor tdSsdS = smem_thr_copy_pds.partition_D(sdS);     // (CPY, CPY_M, CPY_N)
 
   // dV += P^T dO and dK += dS^T Q.
@@ -170,7 +179,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const bool drab_direct = kHstu && p.drab != nullptr && args.drab_accum == nullptr;
   // dRab summed over heads by one CTA that walks every head of its key block (else atomics into a zeroed
   // drab_accum): the first head stores its fp32 dS, later ones add to it, the last writes dRab itself.
-  const bool drab_walk = kHstu && args.drab_accum != nullptr && args.heads_per_cta == p.heads;
+  const bool drab_walk = kHstu && args.drab_walk;
   const bool deterministic = p.deterministic;
 
   // LSE in log2 units; rows that see no key have LSE = -inf and get +inf, so their P = exp2(x - inf) = 0.
@@ -182,10 +191,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     return keys.begin < n0 + kBlockN && keys.end > n0;
   };
 
-  for (int n_block = blockIdx.x; n_block < args.n_blocks; n_block += args.nsplit) {
+  for (int n_block = split_x; n_block < args.n_blocks; n_block += args.nsplit) {
     const int n0 = n_block * kBlockN;
     if (n0 >= sk) break;
-    const int split = deterministic ? int(blockIdx.x) : 0;
+    const int split = deterministic ? split_x : 0;
     const Range rows = mask.row_range(n0, n0 + kBlockN);
     const int m_begin = rows.empty() ? 0 : int(rows.begin / kBlockM);
     const int m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
@@ -220,7 +229,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
     const int kv_heads_per_cta = args.heads_per_cta / args.kv_group;
     for (int kv_i = 0; kv_i < kv_heads_per_cta; ++kv_i) {
-      const int64_t hk = int64_t(blockIdx.z) * kv_heads_per_cta + kv_i;
+      const int64_t hk = int64_t(head_group) * kv_heads_per_cta + kv_i;
       __syncthreads();  // every warp is done reading sK/sV (and sQ/sdO) of the previous head or key block
       {
         Tensor gK = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, n0, hk)),
@@ -261,7 +270,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           if (!kHstu && tidx < 2 * kBlockM) {
             const int r = tidx % kBlockM, i = m * kBlockM + r;
             const float* src = (tidx < kBlockM ? p.lse : args.dsum) + lse_row0 + (i < sq ? i : 0);
-            cp_async_f32(src, (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + r, i < sq);
+            cp_async_4b(src, (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + r, i < sq);
           }
           cp_async_fence();
         };
@@ -287,36 +296,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             }
           }
           __syncthreads();  // Q/dO (and K/V) landed; the previous block's reads of sP/sdS/other stage are done
-          if (kStages == 2 && m_next < m_end) load_q_do(m_next, stage ^ 1);
-
-          Tensor sQ = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});    // (kBlockM, kHeadDim)
-          Tensor sdO = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});  // (kBlockM, kHeadDim)
-          Tensor sQt = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{});  // (kHeadDim, kBlockM)
-          Tensor sdOt = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{}); // (kHeadDim, kBlockM)
-          // LSE and D of this block's rows (0 for rows past sq).
-          const float* lse_blk = smem_lse + stage * kBlockM;
-          const float* dsum_blk = smem_dsum + stage * kBlockM;
 
           constexpr int kRows = decltype(size<0>(tScS_rc))::value;
           constexpr int kCols = decltype(size<1>(tScS_rc))::value;
-          // HSTU rab of this thread's (row, column pair)s, loaded as 32-bit pairs before the S GEMM to hide their
-          // latency (the checker guarantees 16-byte aligned rab rows; column pairs start at even j).
-          uint32_t rab_pairs[kHstu ? kRows : 1][kHstu ? kCols / 2 : 1];
+          // HSTU rab of this thread's (row, column pair)s, as 32-bit pairs (the checker guarantees 4-byte aligned
+          // rab rows; column pairs start at even j) copied asynchronously into sP where this thread writes P (it is
+          // free since the barrier above): the loads' latency hides behind the S GEMM without holding registers,
+          // and since every thread reads back only what it copied, no barrier is needed.
+          const bool has_rab = kHstu && p.rab != nullptr;
           if constexpr (kHstu) {
             const int64_t hr = p.rab_heads == 1 ? 0 : hq;
             const int col0 = get<1>(tScS_rc(0, 0));  // rab and dRab addresses: col0 plus compile-time deltas
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
               const int i = m0 + get<0>(tScS_rc(mi, 0));
-              const uint32_t* rab_row = p.rab != nullptr && i < sq
-                  ? reinterpret_cast<const uint32_t*>(static_cast<const Element*>(p.rab) + bi * p.rab_batch_stride +
-                                                      hr * p.rab_head_stride + (i + mask.off) * p.rab_row_stride +
-                                                      n0 + col0)
-                  : nullptr;
-              CUTE_UNROLL
-              for (int nj = 0; nj < kCols / 2; ++nj) {
-                const int dj = get<1>(tScS_rc(mi, 2 * nj)) - col0;
-                rab_pairs[mi][nj] = rab_row != nullptr && n0 + col0 + dj < sk ? rab_row[dj / 2] : 0u;
+              if (has_rab) {
+                const Element* rab_row = static_cast<const Element*>(p.rab) + bi * p.rab_batch_stride +
+                                         hr * p.rab_head_stride + (i + mask.off) * p.rab_row_stride + n0 + col0;
+                CUTE_UNROLL
+                for (int nj = 0; nj < kCols / 2; ++nj) {
+                  const int dj = get<1>(tScS_rc(mi, 2 * nj)) - col0;
+                  const bool in = i < sq && n0 + col0 + dj < sk;
+                  cp_async_4b(in ? rab_row + dj : static_cast<const Element*>(p.rab),
+                               &tSsP(acc_rc(mi, 2 * nj)), in);
+                }
               }
               // drab_walk: the dRab partial sums of the heads before this one, into L1 while the S and dP GEMMs
               // run (held in registers they would spill). Pairs 2k and 2k + 1 sit in one 16-column group.
@@ -328,7 +331,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 }
               }
             }
+            if (has_rab) cp_async_fence();
           }
+          if (kStages == 2 && m_next < m_end) load_q_do(m_next, stage ^ 1);
+
+          Tensor sQ = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});    // (kBlockM, kHeadDim)
+          Tensor sdO = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});  // (kBlockM, kHeadDim)
+          Tensor sQt = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{});  // (kHeadDim, kBlockM)
+          Tensor sdOt = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdOt{}); // (kHeadDim, kBlockM)
+          // LSE and D of this block's rows (0 for rows past sq).
+          const float* lse_blk = smem_lse + stage * kBlockM;
+          const float* dsum_blk = smem_dsum + stage * kBlockM;
 
           // S = Q K^T
           Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
@@ -341,18 +354,40 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           // Masking is a separate pass that only partially visible tiles take.
           Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));  // (ROW, COL)
           if constexpr (kHstu) {
+            if (has_rab) {  // this thread's rab copies (the newest group unless the next Q/dO went out after it)
+              if (kStages == 2 && m_next < m_end) {
+                cp_async_wait<1>();
+              } else {
+                cp_async_wait<0>();
+              }
+            }
             // P is rounded to the input dtype as it is formed, so no second fp32 tile sits next to acc_s.
             Tensor rP = make_tensor<Element>(acc_s.layout());           // (MMA, MMA_M, MMA_N)
             Tensor p_rc = make_tensor(rP.data(), rowcol(rP.layout()));  // (ROW, COL)
-            CUTE_UNROLL
-            for (int mi = 0; mi < kRows; ++mi) {
+            // Two copies of the score pass, with and without rab, so the one without reads nothing per pair.
+            auto score_pass = [&](auto with_rab) {
               CUTE_UNROLL
-              for (int ni = 0; ni < kCols; ++ni) {
-                const Element* pair = reinterpret_cast<const Element*>(&rab_pairs[mi][ni / 2]);
-                const float x = hstu_score.pre(s_rc(mi, ni), static_cast<float>(pair[ni % 2]));
-                p_rc(mi, ni) = static_cast<Element>(hstu_score.prob(x));
-                s_rc(mi, ni) = hstu_score.dprob(x);
+              for (int mi = 0; mi < kRows; ++mi) {
+                CUTE_UNROLL
+                for (int nj = 0; nj < kCols / 2; ++nj) {
+                  Element rab[2] = {Element(0.0f), Element(0.0f)};
+                  if constexpr (decltype(with_rab)::value) {
+                    *reinterpret_cast<uint32_t*>(rab) =
+                        *reinterpret_cast<const uint32_t*>(&tSsP(acc_rc(mi, 2 * nj)));
+                  }
+                  CUTE_UNROLL
+                  for (int ni = 2 * nj; ni < 2 * nj + 2; ++ni) {
+                    const float x = hstu_score.pre(s_rc(mi, ni), static_cast<float>(rab[ni % 2]));
+                    p_rc(mi, ni) = static_cast<Element>(hstu_score.prob(x));
+                    s_rc(mi, ni) = hstu_score.dprob(x);
+                  }
+                }
               }
+            };
+            if (has_rab) {
+              score_pass(cute::true_type{});
+            } else {
+              score_pass(cute::false_type{});
             }
             if (!full_tile) {
               CUTE_UNROLL
@@ -442,10 +477,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             }
           }
           if constexpr (kHstu) {
-            if (p.drab != nullptr) {
+            const int row0 = get<0>(tScS_rc(0, 0)), col0 = get<1>(tScS_rc(0, 0));  // this thread's first element
+            if (p.drab != nullptr && !drab_direct && !drab_walk) {
+              // Head sum by atomics: one vector reduction per column pair at this thread's first address plus a row
+              // and a compile-time column delta; a tile inside sq and sk takes no per-pair tests (padded rows: c + 1
+              // is in the buffer).
+              float* accum_thr = args.drab_accum + (bi * p.seqlen_k + m0 + row0 + mask.off) * args.drab_ld + n0 + col0;
+              auto red_pair = [&](int mi, int nj) {
+                red_add_f32x2(accum_thr + (get<0>(tScS_rc(mi, 0)) - row0) * args.drab_ld + (get<1>(tScS_rc(mi, 2 * nj)) - col0),
+                              dp_rc(mi, 2 * nj), dp_rc(mi, 2 * nj + 1));
+              };
+              if (m0 + kBlockM <= sq && n0 + kBlockN <= sk) {
+                CUTE_UNROLL
+                for (int mi = 0; mi < kRows; ++mi) {
+                  CUTE_UNROLL
+                  for (int nj = 0; nj < kCols / 2; ++nj) red_pair(mi, nj);
+                }
+              } else {
+                CUTE_UNROLL
+                for (int mi = 0; mi < kRows; ++mi) {
+                  if (m0 + get<0>(tScS_rc(mi, 0)) >= sq) continue;
+                  CUTE_UNROLL
+                  for (int nj = 0; nj < kCols / 2; ++nj) {
+                    if (n0 + get<1>(tScS_rc(mi, 2 * nj)) < sk) red_pair(mi, nj);
+                  }
+                }
+              }
+            } else if (p.drab != nullptr) {  // dRab per head, or the deterministic walk over the heads
               const int64_t hr = p.rab_heads == 1 ? 0 : hq;
-              const int col0 = get<1>(tScS_rc(0, 0));
-              const bool last_head = kv_i == kv_heads_per_cta - 1;
+              const bool store_drab = drab_direct || kv_i == kv_heads_per_cta - 1;
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int i = m0 + get<0>(tScS_rc(mi, 0));
@@ -466,14 +526,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                     const float2 prev = *reinterpret_cast<const float2*>(drab_accum_row + dj);
                     v = make_float2(prev.x + v.x, prev.y + v.y);
                   }
-                  if (drab_direct || (drab_walk && last_head)) {
+                  if (store_drab) {
                     drab_row[dj] = static_cast<Element>(v.x);
                     if (pair) drab_row[dj + 1] = static_cast<Element>(v.y);
-                  } else if (drab_walk) {
-                    *reinterpret_cast<float2*>(drab_accum_row + dj) = v;  // padded rows: c + 1 is in the buffer
                   } else {
-                    atomicAdd(drab_accum_row + dj, v.x);
-                    if (pair) atomicAdd(drab_accum_row + dj + 1, v.y);
+                    *reinterpret_cast<float2*>(drab_accum_row + dj) = v;  // padded rows: c + 1 is in the buffer
                   }
                 }
               }

@@ -1,7 +1,7 @@
 // Entry point of the sm80 backward family (what the generated instances instantiate): which problems an
 // instance serves, the workspace it needs, and the launch sequence
-//   [D = rowsum(dO * O) | dRab zero-fill] -> main dK/dV/dQ kernel -> dQ (and atomically head-summed dRab)
-//   conversion.
+//   [D = rowsum(dO * O) | dRab zero-fill | zeroing the visible part of the dRab accumulator] -> main dK/dV/dQ
+//   kernel -> dQ (and atomically head-summed dRab) conversion.
 // Workspace: fp32 dQ accumulators (one copy per split in deterministic mode), D (softmax), and for HSTU with one
 // rab head shared by several query heads an fp32 (b, max_sk, max_sk rounded to even) dRab accumulator: in
 // deterministic mode partial head sums that one CTA per key block carries from head to head (its last head writes
@@ -34,7 +34,7 @@ struct Sm80Backward {
     int n_blocks = 0, nsplit = 1, heads_per_cta = 1, kv_group = 1;
     size_t dq_offset = 0, dq_split_elems = 0, dsum_offset = 0, drab_offset = 0, total = 0;
     int64_t drab_ld = 0;
-    bool drab_accum = false, drab_walk = false;
+    bool drab_accum = false, drab_walk = false, heads_inner = false;
   };
 
   static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
@@ -57,6 +57,10 @@ struct Sm80Backward {
     pl.drab_walk = pl.drab_accum && p.deterministic;
     pl.drab_ld = (p.seqlen_k + 1) / 2 * 2;
     pl.heads_per_cta = pl.drab_walk ? int(p.heads) : pl.kv_group;
+    // One rab head shared by all heads: the CTAs of one key block and batch entry for every head run next to each
+    // other (x = split * head groups + group), so they read each rab tile from L2 together and their dRab atomics
+    // meet there, instead of a head's pass over the batch entry evicting the tiles before the next head comes.
+    pl.heads_inner = kHstu && p.rab != nullptr && p.rab_heads == 1 && p.heads > pl.heads_per_cta;
     pl.nsplit = pl.n_blocks;
     if (p.deterministic && pl.n_blocks > 0) {
       const int sms = DeviceProperties::of(p.device_index).sms;
@@ -143,37 +147,44 @@ struct Sm80Backward {
       args.nsplit = pl.nsplit;
       args.heads_per_cta = pl.heads_per_cta;
       args.kv_group = pl.kv_group;
+      args.drab_walk = pl.drab_walk;
+      args.heads_inner = pl.heads_inner;
 
       const int kAuxThreads = 256;
       auto aux_blocks = [](int64_t work) { return int(std::clamp<int64_t>((work + 255) / 256, 1, 8192)); };
       cudaError_t err = cudaMemsetAsync(args.dq_accum, 0, size_t(nsplit_dq) * pl.dq_split_elems * sizeof(float), stream);
       const bool drab_atomic = pl.drab_accum && !pl.drab_walk;
-      if (err == cudaSuccess && drab_atomic) {
-        err = cudaMemsetAsync(args.drab_accum, 0, size_t(p.batch) * p.seqlen_k * pl.drab_ld * sizeof(float), stream);
-      }
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
+      // dRab passes: one CTA per (row, rab head, batch entry) of dRab.
+      const dim3 drab_grid(unsigned(p.seqlen_k), unsigned(p.rab_heads), unsigned(p.batch));
+      const bool drab_rows = p.seqlen_k > 0 && p.batch > 0;
+      if (drab_atomic && drab_rows) {
+        sm80_bwd::zero_drab_accum_kernel<<<dim3(unsigned(p.seqlen_k), 1, unsigned(p.batch)), kAuxThreads, 0, stream>>>(
+            p, args.drab_accum, pl.drab_ld);
+      }
       if constexpr (!kHstu) {
         if (p.total_q > 0) {
           sm80_bwd::dot_do_o_kernel<Element, kHeadDim>
               <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, const_cast<float*>(args.dsum));
         }
       } else {
-        if (p.drab != nullptr && !drab_atomic && p.seqlen_k > 0) {  // zeros where no query block sees the keys
+        if (p.drab != nullptr && !drab_atomic && drab_rows) {  // zeros where no query block sees the keys
           const int64_t sk2 = p.seqlen_k * p.seqlen_k;
           const bool dense = p.drab_row_stride == p.seqlen_k && p.drab_head_stride == sk2 &&
                              p.drab_batch_stride == p.rab_heads * sk2;
           if (dense) {
             err = cudaMemsetAsync(p.drab, 0, size_t(p.batch * p.rab_heads * sk2) * sizeof(Element), stream);
           } else {
-            sm80_bwd::write_drab_kernel<Element>
-                <<<aux_blocks(p.batch * p.rab_heads * sk2), kAuxThreads, 0, stream>>>(p, nullptr, 0);
+            sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, nullptr, 0);
           }
         }
       }
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
 
       if (pl.n_blocks > 0 && p.batch > 0) {
-        const dim3 grid(pl.nsplit, unsigned(p.batch), unsigned(p.heads / pl.heads_per_cta));
+        const unsigned head_groups = unsigned(p.heads / pl.heads_per_cta);
+        const dim3 grid = pl.heads_inner ? dim3(pl.nsplit * head_groups, unsigned(p.batch), 1)
+                                         : dim3(pl.nsplit, unsigned(p.batch), head_groups);
         auto kernel = sm80_bwd::bwd_kernel<Traits, kHstu>;
         err = opt_in_shared_memory<Traits>(kernel, Traits::kSmemBytes, p.device_index);
         if (err == cudaSuccess) kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
@@ -185,9 +196,8 @@ struct Sm80Backward {
             <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
                 p, args.dq_accum, args.dq_split_stride, nsplit_dq, kHstu ? 1.0f : p.scale);
       }
-      if (drab_atomic && p.seqlen_k > 0) {
-        sm80_bwd::write_drab_kernel<Element>
-            <<<aux_blocks(p.batch * p.seqlen_k * p.seqlen_k), kAuxThreads, 0, stream>>>(p, args.drab_accum, pl.drab_ld);
+      if (drab_atomic && drab_rows) {
+        sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, args.drab_accum, pl.drab_ld);
       }
       err = cudaGetLastError();
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};

@@ -99,8 +99,9 @@ __device__ __forceinline__ void copy_tile_pred(TiledCopy const& tiled_copy, Tens
   }
 }
 
-// One fp32 global -> shared copy with cp.async; zero-filled (src not read) when !pred.
-__device__ __forceinline__ void cp_async_f32(const float* src, float* dst, bool pred) {
+// One 4-byte global -> shared copy with cp.async (an fp32, or a pair of 16-bit elements); zero-filled (src not
+// read) when !pred.
+__device__ __forceinline__ void cp_async_4b(const void* src, void* dst, bool pred) {
   SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>::copy(*reinterpret_cast<const uint32_t*>(src),
                                                   *reinterpret_cast<uint32_t*>(dst), pred);
 }
