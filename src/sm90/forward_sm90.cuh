@@ -5,6 +5,12 @@
 // Instantiated by tools/generate_instances.py for sm_90a only.
 #pragma once
 
+// The wgmma shapes with N = 80 and 112 (key-block widths of kernel_traits_sm90.cuh) are CuTe's "extended" ones,
+// enabled before the first CuTe header of the TU (generated instances include this header first).
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -105,7 +111,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
-    const MmaScheduler<kNumMmaThreads> sched{consumer_thread_index() / 128};
+    const MmaScheduler<kNumMmaThreads> sched{warp_group - 1};  // warp-uniform: a uniform register, not a spill
     sched.init();
     PipelineState read_k, read_v, read_rab;
     uint32_t queries = 0;  // tiles with work so far, as the producer counts them
@@ -116,7 +122,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (!w.has_rows()) continue;
       // The thread's index read again for the tile and again for its epilogue: derived once, its row coordinates
       // stayed live across every tile and spilled (softmax d 256, HSTU d 96).
-      const int tid = consumer_thread_index();
+      const int tid = consumer_thread_index<Traits::kOpaqueThreadIndex>();
       if (!w.has_keys()) {
         Epilogue::store_empty(kp.params, w, tid);
         continue;
@@ -130,17 +136,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         HstuPointwise hstu(kp.params);
         Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
                       tOrO, hstu);
-        Epilogue::store(kp, ss, w, consumer_thread_index(), tOrO);
+        Epilogue::store(kp, ss, w, consumer_thread_index<Traits::kOpaqueThreadIndex>(), tOrO);
       } else {
         OnlineSoftmax<2> softmax(kp.score.scale_log2);
         Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
                       tOrO, softmax);
         float inv_sum[2], lse[2];
         softmax.finalize(inv_sum, lse);
-        Epilogue::store(kp, ss, w, consumer_thread_index(), tOrO, inv_sum, lse);
+        Epilogue::store(kp, ss, w, consumer_thread_index<Traits::kOpaqueThreadIndex>(), tOrO, inv_sum, lse);
       }
     }
-    Epilogue::drain(consumer_thread_index());
+    Epilogue::drain(consumer_thread_index<Traits::kOpaqueThreadIndex>());
   }
 #else
   __trap();  // built for an architecture without wgmma/TMA: never launched (supports() needs sm_90a)
@@ -156,7 +162,6 @@ struct Sm90Forward {
   static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
   using Traits = sm90::ForwardTraitsSm90<kDType, kHeadDim, kHstu>;
   using Element = typename Traits::Element;
-  using KernelParams = sm90::ForwardKernelParams<Traits>;
 
   static Status supports(const Params& p) {
     static_assert(kScore == ScoreFunction::kSoftmax || kScore == ScoreFunction::kHstuSilu);
@@ -209,10 +214,26 @@ struct Sm90Forward {
   static bool dynamic_schedule(const Params& p) { return p.window_right >= 0 || p.window_left >= 0 || p.varlen; }
   static size_t workspace_bytes(const Params& p) { return dynamic_schedule(p) ? 16 : 0; }
 
+  // Softmax d 128 over long key ranges runs the wide-key kernel (kBlockN 176); a sliding window or short keys
+  // keep 128-key blocks, whose TMA-store epilogue and second Q slot serve short tiles (kernel_traits_sm90.cuh).
+  static constexpr bool kHasWideKeys = !kHstu && kHeadDim == 128;
+  static constexpr int64_t kWideKeysMinSeqlen = 4096;
+  static bool wide_keys(const Params& p) {
+    return kHasWideKeys && p.window_left < 0 && p.seqlen_k >= kWideKeysMinSeqlen;
+  }
+
   static Status launch(const Params& p, void* workspace) {
-    using namespace cute;
     Status s = supports(p);
     if (!s.ok()) return s;
+    if constexpr (kHasWideKeys) {
+      if (wide_keys(p)) return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, true>>(p, workspace);
+    }
+    return launch_with<Traits>(p, workspace);
+  }
+
+  template <class T>
+  static Status launch_with(const Params& p, void* workspace) {
+    using namespace cute;
     const int rows_q = int(p.varlen ? p.total_q : p.seqlen_q);
     const int rows_k = int(p.varlen ? p.total_k : p.seqlen_k);
     const int batches = p.varlen ? 1 : int(p.batch);
@@ -229,18 +250,18 @@ struct Sm90Forward {
     };
     Element const* const kIn = nullptr;  // element types of the views: loads read, the store writes
     Element* const kOut = nullptr;
-    KernelParams kp{
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads, kIn), typename Traits::SmemLayoutQ{},
-                      Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{}),
+    sm90::ForwardKernelParams<T> kp{
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads, kIn), typename T::SmemLayoutQ{},
+                      Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k, kIn),
-                      take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+                      take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{},
                       _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k, kIn),
-                      take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{},
+                      take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{},
                       _1{}),
         make_tma_copy(SM90_TMA_STORE{}, make_view(p.o, rows_q, p.heads, kOut),
-                      take<0, 2>(typename Traits::SmemLayoutO{}),
-                      Shape<Int<Traits::kRowsPerWarpGroup>, Int<kHeadDim>>{}, _1{}),
+                      take<0, 2>(typename T::SmemLayoutO{}),
+                      Shape<Int<T::kRowsPerWarpGroup>, Int<kHeadDim>>{}, _1{}),
         make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
         make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
         p,
@@ -255,7 +276,7 @@ struct Sm90Forward {
     const DeviceProperties device = DeviceProperties::of(p.device_index);
 
     sm90::TileScheduler& sch = kp.scheduler;
-    sch.num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+    sch.num_m_blocks = int((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
     sch.heads = int(p.heads);
     sch.num_bh = int(p.heads * p.batch);
     sch.num_tiles = sch.num_m_blocks * sch.num_bh;
@@ -281,8 +302,8 @@ struct Sm90Forward {
                                      make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
                                      make_stride(p.rab_row_stride, _1{}, stride_of(p.rab_heads, p.rab_head_stride, big),
                                                  stride_of(p.batch, p.rab_batch_stride, big)));
-        kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename Traits::SmemLayoutRab{}),
-                                   Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+        kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename T::SmemLayoutRab{}),
+                                   Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}, _1{});
         kp.shape_rab = rab.shape();
       }
     }
@@ -290,13 +311,13 @@ struct Sm90Forward {
     kp.score.scale_over_cap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
     kp.score.scale_log2 = (p.softcap > 0.0f ? 1.0f : p.scale) * float(M_LOG2E);
 
-    auto kernel = sm90::forward_kernel_sm90<Traits>;
-    constexpr int kSmem = Traits::kSmemBytes;
-    cudaError_t err = opt_in_shared_memory<Traits>(kernel, kSmem, p.device_index);
+    auto kernel = sm90::forward_kernel_sm90<T>;
+    constexpr int kSmem = T::kSmemBytes;
+    cudaError_t err = opt_in_shared_memory<T>(kernel, kSmem, p.device_index);
     if (err != cudaSuccess)
       return {StatusCode::kCudaError, std::string("sm90 forward: cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
     const int grid = std::min(sch.num_tiles, std::max(device.sms, 1));
-    kernel<<<grid, Traits::kNumThreads, kSmem, stream>>>(kp);
+    kernel<<<grid, T::kNumThreads, kSmem, stream>>>(kp);
     err = cudaGetLastError();
     if (err != cudaSuccess)
       return {StatusCode::kCudaError, std::string("sm90 forward: launch: ") + cudaGetErrorString(err)};

@@ -4,6 +4,10 @@
 // the budget leaves room, an O staging tile for the TMA-store epilogue and a second Q slot.
 #pragma once
 
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // the wgmma N = 80 and 112 atoms (see forward_sm90.cuh)
+#endif
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/copy_traits_sm90.hpp>
@@ -22,42 +26,56 @@ using namespace cute;
 struct ForwardTileConfig {
   int block_n;
   int stages;
+  int producer_registers;  // setmaxnreg of the producer warpgroup; the consumers get the rest (the traits)
 };
 
 // kBlockM is always 128: two consumer warpgroups of 64 rows (one wgmma M atom each) share every K/V tile.
 // kBlockN and the K/V ring depth fill the 227 KB of shared memory:
 //   Q (128 x d) + stages * (K + V) (kBlockN x d each), 16-bit elements.
-// Registers per consumer thread: S = 64 x kBlockN / 128 and O = 64 x d / 128 fp32, plus P in 16 bits.
-//   d  64: 16 KB + 4 x 32 KB                  S 64, O  32
-//   d  96: 24 KB + 3 x 48 KB                  S 64, O  48
-//   d 128: 32 KB + 2 x 64 KB (FA3 uses 2 too) S 64, O  64
-//   d 192: 48 KB + 2 x 72 KB, kBlockN 96      S 48, O  96
-//   d 256: 64 KB + 2 x 64 KB, kBlockN 64      S 32, O 128
+// Registers per consumer thread: S = 64 x kBlockN / 128 and O = 64 x d / 128 fp32, plus P in 16 bits; the
+// score of block n overlaps P V of block n + 1, so S, P and O are live at once.
+//   d  64: 16 KB + 4 x 32 KB                         S 64, O  32
+//   d  96: 24 KB + 3 x 48 KB                         S 64, O  48
+//   d 128: 32 KB + 2 x 64 KB                         S 64, O  64
+//   d 192: 48 KB + 2 x 84 KB, kBlockN 112            S 56, O  96
+//   d 256: 64 KB + 2 x 80 KB, kBlockN 80             S 40, O 128
 // HSTU adds stages * rab (kBlockM x kBlockN) to every stage:
 //   d  64: 16 KB + 3 x (32 + 32) KB
 //   d  96: 24 KB + 2 x (48 + 32) KB
 //   d 128: 32 KB + 2 x (64 + 32) KB
 //   d 192: 48 KB + 2 x (48 + 16) KB, kBlockN 64 (96 leaves no room for the rab ring)
 //   d 256: 64 KB + 2 x (64 + 16) KB, kBlockN 64
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool hstu) {
+// Wide keys (softmax d 128 on long key ranges, Sm90Forward::wide_keys): kBlockN 176, 32 KB + 2 x 88 KB; no room
+// for the O staging tile or a second Q slot, which short tiles need (s 512: 20% slower), while long rows gain
+// (s 16k: +5%).
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool hstu, bool wide_keys) {
+  if (wide_keys) return ForwardTileConfig{176, 2, 40};
   if (hstu) {
-    return head_dim <= 64    ? ForwardTileConfig{128, 3}
-           : head_dim <= 128 ? ForwardTileConfig{128, 2}
-                             : ForwardTileConfig{64, 2};
+    return head_dim <= 64    ? ForwardTileConfig{128, 3, 40}
+           : head_dim <= 128 ? ForwardTileConfig{128, 2, 40}
+                             : ForwardTileConfig{64, 2, 40};
   }
-  return head_dim <= 64    ? ForwardTileConfig{128, 4}
-         : head_dim <= 96  ? ForwardTileConfig{128, 3}
-         : head_dim <= 128 ? ForwardTileConfig{128, 2}
-         : head_dim <= 192 ? ForwardTileConfig{96, 2}
-                           : ForwardTileConfig{64, 2};
+  return head_dim <= 64    ? ForwardTileConfig{128, 4, 40}
+         : head_dim <= 96  ? ForwardTileConfig{128, 3, 40}
+         : head_dim <= 128 ? ForwardTileConfig{128, 2, 40}
+         : head_dim <= 192 ? ForwardTileConfig{112, 2, 40}
+                           : ForwardTileConfig{80, 2, 24};
 }
 
-// Index of a consumer thread among the consumer threads (warpgroups 1 and 2), read through an opaque instruction:
-// the compiler re-reads it where it is used instead of keeping values derived from it in registers.
+// Index of a consumer thread among the consumer threads (warpgroups 1 and 2). kOpaque: read through an opaque
+// instruction, so the compiler re-reads it where it is used instead of keeping values derived from it (the
+// thread's row coordinates) in registers across tiles, where they spilled (softmax d 256, HSTU d 96); where
+// nothing spills the plain index is faster (H100, same run: softmax d 64 s 512 causal 190 vs 185 TFLOP/s, d 128
+// s 16k 681 vs 675, d 128 s 512 causal 268 vs 265).
+template <bool kOpaque>
 CUTE_DEVICE int consumer_thread_index() {
-  uint32_t t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return int(t) - 128;
+  if constexpr (kOpaque) {
+    uint32_t t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return int(t) - 128;
+  } else {
+    return int(threadIdx.x) - 128;
+  }
 }
 
 template <DType kDType>
@@ -86,25 +104,29 @@ struct OStorage<true, Element, SmemLayoutO> {
   alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutO>, 1024> o;
 };
 
-template <DType kDType, int kHeadDim_, bool kHstu_>
+template <DType kDType, int kHeadDim_, bool kHstu_, bool kWideKeys_ = false>
 struct ForwardTraitsSm90 {
   using Element = ElementOf<kDType>;
   using ElementAccum = float;
 
   static constexpr bool kHstu = kHstu_;
+  static constexpr bool kWideKeys = kWideKeys_;
+  static_assert(!kWideKeys || (!kHstu && kHeadDim_ == 128), "wide key blocks: softmax d 128 only");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = forward_tile_config(kHeadDim, kHstu).block_n;
-  static constexpr int kStages = forward_tile_config(kHeadDim, kHstu).stages;
+  static constexpr int kBlockN = forward_tile_config(kHeadDim, kHstu, kWideKeys).block_n;
+  static constexpr int kStages = forward_tile_config(kHeadDim, kHstu, kWideKeys).stages;
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0 produces (one TMA warp)
-  // setmaxnreg budget: 40 * 128 + 232 * 256 = 64512 = 384 threads x 168 registers (launch bound). With 24
-  // registers the producer warp spilled its tile loop (claim, plan, TMA issue: 28 bytes softmax d 128, 108
-  // HSTU d 128); 232 is enough for the consumers (ptxas -v, sm_90a: no spills in any instance; the last ones,
-  // softmax d 256 and HSTU d 96, held the thread's row coordinates across tiles: consumer_thread_index).
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  // setmaxnreg budget: the launch bound gives 384 threads x 168 registers = 64512, split as producer * 128 +
+  // consumer * 256. 40 / 232 by default: with 24 the producer warp spilled its tile loop (claim, plan, TMA
+  // issue: 28 bytes softmax d 128, 108 HSTU d 128). Softmax d 256 (kBlockN 80) takes 24 / 240: with 232 its
+  // consumers spilled 52 bytes in the key-block loop (row spans, softmax statistics); with 24 its producer
+  // keeps two tile counters in local memory (16 bytes, one load and store each per tile).
+  static constexpr int kProducerRegisters = forward_tile_config(kHeadDim, kHstu, kWideKeys).producer_registers;
+  static constexpr int kConsumerRegisters = (64512 - kProducerRegisters * 128) / 256 / 8 * 8;
+  static constexpr bool kOpaqueThreadIndex = kHstu || kHeadDim > 128 || kWideKeys;
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K is 16");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T
@@ -115,6 +137,12 @@ struct ForwardTraitsSm90 {
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutMNK{}));
+  // One wgmma per warpgroup and k slice: without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED the selector silently
+  // splits N = 80 / 112 (any N but 8, 16, 32, 64, 96, 128, 192, 256) into N = 16 atoms: 25-30% slower on
+  // an H100.
+  static_assert(decltype(size<1>(typename TiledMmaQK::AtomShape_MNK{}))::value == kBlockN &&
+                    decltype(size<1>(typename TiledMmaPV::AtomShape_MNK{}))::value == kHeadDim,
+                "wgmma N narrower than the tile");
 
   using SmemAtom = SmemAtomKMajor<Element, kHeadDim>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));

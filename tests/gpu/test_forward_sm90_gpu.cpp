@@ -1,11 +1,12 @@
 // GPU tests of the sm90 forward kernel (TMA + wgmma, warp-specialised): O and LSE against the float64 CPU
 // oracle under the FlashAttention tolerance rule (2x the error of a plain bf16/fp16 computation), every output
 // element written over a NaN poison, for odd lengths, s_q != s_k, varlen with empty sequences, GQA, causal,
-// sliding windows, softcap, rows without visible keys, several tiles per CTA and every head-dim bucket of the
-// build. HSTU (jagged): rab with none / 1 / h heads, every HSTU mask (causal, window, contextual, targets with
-// group sizes), many targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and one-row
-// sequences, several tiles per CTA, every bucket, and d != d_v routed to sm80. The workspace: a caller's (dirty,
-// reused across calls), none when tiles are scheduled statically, too small.
+// sliding windows, softcap, rows without visible keys, several tiles per CTA, every head-dim bucket of the
+// build, key-block widths that are no power of 2 and the wide-key d 128 kernel. HSTU (jagged): rab with none / 1 / h heads, every HSTU
+// mask (causal, window, contextual, targets with group sizes), many targets (hidden key blocks skipped), alpha
+// and scaling_seqlen, zero-length and one-row sequences, several tiles per CTA, every bucket, and d != d_v
+// routed to sm80. The workspace: a caller's (dirty, reused across calls), none when tiles are scheduled
+// statically, too small.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -143,6 +144,54 @@ TEST_F(Sm90Forward, HeadDims) {
       check_forward(cfg);
     }
   }
+}
+
+// The key-block widths that are no power of 2 (kBlockN 112 at d 192, 80 at d 256) and d 128 for comparison:
+// lengths that are no multiple of them, causal with s_q < s_k and s_q > s_k, a window whose edges cut blocks,
+// varlen sequences of one block, one row and none. Short enough for the float64 oracle.
+TEST_F(Sm90Forward, KeyBlockWidths) {
+  const int64_t lengths[][2] = {{337, 337}, {161, 419}, {419, 161}};
+  for (int64_t d : {128, 192, 256}) {
+    if (!auto_picks_sm90(softmax_fixed(DType::kBFloat16, 1, 1, 1, d, 64, 64))) {
+      ADD_FAILURE() << "head dim " << d << ": no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
+      continue;
+    }
+    for (bool causal : {false, true}) {
+      for (const auto& len : lengths) {
+        CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, d, len[0], len[1]);
+        cfg.causal = causal;
+        check_forward(cfg);
+      }
+    }
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 1, 1, d, 419, 419);
+    cfg.window_left = 81;
+    cfg.window_right = 47;
+    check_forward(cfg);
+    cfg = softmax_varlen(DType::kBFloat16, {0, 80, 112, 1, 255}, {}, 2, 2, d);
+    cfg.causal = true;
+    check_forward(cfg);
+  }
+}
+
+// Softmax d 128 over 4096 keys or more runs the wide-key kernel (kBlockN 176, no TMA-store epilogue, one Q
+// slot): key lengths that are no multiple of 176, causal with s_q < s_k, GQA, softcap in fp16, varlen whose
+// longest key range picks it (with an empty sequence and a one-key one beside it).
+TEST_F(Sm90Forward, WideKeyBlocks) {
+  if (!auto_picks_sm90(softmax_fixed(DType::kBFloat16, 1, 1, 1, 128, 64, 64))) {
+    ADD_FAILURE() << "no sm90 d 128 kernel in this build (CUTEATTN_HDIMS); not tested";
+    return;
+  }
+  for (bool causal : {false, true}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 4, 2, 128, 300, 4100);
+    cfg.causal = causal;
+    check_forward(cfg);
+  }
+  CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 2, 2, 128, 131, 4500);
+  cfg.softcap = 30.0f;
+  check_forward(cfg);
+  cfg = softmax_varlen(DType::kBFloat16, {0, 150, 1, 37}, {0, 4100, 1, 4097}, 2, 1, 128);
+  cfg.causal = true;
+  check_forward(cfg);
 }
 
 // More tiles than SMs (400: 200 heads x 2 query tiles, the second of one row), so each CTA runs several in turn:
