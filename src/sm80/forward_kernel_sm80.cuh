@@ -215,12 +215,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
 
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (ROWS, COLS_O)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  // Tile coordinates of each score register, viewed as (rows, cols); built where a step needs them, from an
-  // opaque thread index (see opaque_int).
+  // The thread indices the key loop derives its global (K/V copies) and shared (ldmatrix, score coordinates)
+  // addresses from: opaque where the traits ask for them to be rebuilt in every step (see opaque_int), else
+  // plain, and the compiler hoists what they feed out of the loop.
+  auto gmem_tid = [&]() __attribute__((always_inline)) {
+    return Traits::kRebuildGmemAddresses ? opaque_int(tid) : tid;
+  };
+  auto smem_tid = [&]() __attribute__((always_inline)) {
+    return Traits::kRebuildSmemAddresses ? opaque_int(tid) : tid;
+  };
+  // Tile coordinates of each score register, viewed as (rows, cols).
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
   auto score_coords = [&]() {
-    Tensor tScS = tiled_mma.get_thread_slice(opaque_int(tid)).partition_C(cS);  // (MMA, MMA_M, MMA_N)
-    return make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));          // (ROWS, COLS)
+    Tensor tScS = tiled_mma.get_thread_slice(smem_tid()).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+    return make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));     // (ROWS, COLS)
   };
 
   const int64_t sk = seq.sk;
@@ -236,15 +244,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   }
   static_assert(kRows == Traits::kRowsPerThread);
   constexpr int kSumRows = kHstu ? 1 : kRows;  // HSTU keeps no row sums
-  __shared__ float smem_row_sum[kSumRows][Traits::kNThreads];
-  OnlineSoftmax<kSumRows, Traits::kNThreads> softmax(smem_row_sum, tid);
+  constexpr bool kSumsInSmem = Traits::kSmemRowSumRows > 0;
+  __shared__ float smem_row_sum[kSumsInSmem ? kSumRows : 1][kSumsInSmem ? Traits::kNThreads : 1];
+  OnlineSoftmax<kSumRows, Traits::kNThreads, kSumsInSmem> softmax(
+      reinterpret_cast<float(*)[Traits::kNThreads]>(&smem_row_sum[0][0]), tid);
 
   // Starts the cp.async copy of one K or V block (rows past max_rows and columns past head_dim zero-filled).
-  // Addresses and column predicates come from an opaque thread index, so they are rebuilt at each copy
-  // instead of being kept across the key loop (8 64-bit row addresses and the predicates per tensor).
+  // With kRebuildGmemAddresses, addresses and column predicates come from an opaque thread index, so they
+  // are rebuilt at each copy instead of being kept across the key loop (8 64-bit row addresses and the
+  // predicates per tensor).
   auto copy_kv_block = [&](auto kRowCheck, auto gX, auto& tXsX, int64_t head_dim, int max_rows)
       __attribute__((always_inline)) {
-    auto thr_copy = gmem_tiled_copy.get_thread_slice(opaque_int(tid));
+    auto thr_copy = gmem_tiled_copy.get_thread_slice(gmem_tid());
     Tensor tXgX = thr_copy.partition_S(gX);    // (CPY, CPY_N, CPY_K)
     Tensor tXcX = thr_copy.partition_S(cKV);   // (CPY, CPY_N, CPY_K)
     Tensor tXp = make_tensor<bool>(make_shape(size<2>(tXgX)));  // (CPY_K)
@@ -304,9 +315,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
       }
     }
 
-    // Swizzled shared addresses of every k-slice, derived here from a thread index the compiler cannot
-    // see through: hoisted out of the key loop they would hold ~20 registers for the whole loop.
-    const int step_tid = opaque_int(tid);
+    // Swizzled shared addresses of every k-slice; with kRebuildSmemAddresses derived here from a thread index
+    // the compiler cannot see through (hoisted out of the key loop they hold ~20 registers for the whole loop).
+    const int step_tid = smem_tid();
     auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(step_tid);
     Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
     auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(step_tid);
@@ -340,7 +351,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
       cp_async_fence();
     }
 
-    if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2, opaque_int(tid));
+    if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2, smem_tid());
 
     Tensor rP = convert_fragment<typename Traits::ElementMma>(acc_s);  // (MMA, MMA_M, MMA_N)
     Tensor tOrP = make_tensor(rP.data(), [&] {
@@ -350,7 +361,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
         return acc_layout_as_a_operand(rP.layout());  // ((2,2,2), MMA_M, MMA_N / 2)
       }
     }());
-    auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(opaque_int(tid));
+    auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(smem_tid());
     Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   };
@@ -375,8 +386,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   }
 
   // Epilogue: normalise, stage O through shared memory (reusing sQ), store with 128-bit vectors. Its
-  // thread-dependent coordinates come from a fresh opaque index, so none of them is kept across the loop.
-  const int epi_tid = opaque_int(tid);
+  // thread-dependent coordinates come from a fresh index (opaque with kRebuildSmemAddresses, so that none of
+  // them is kept across the loop).
+  const int epi_tid = smem_tid();
   Tensor rLse = make_tensor<float>(Shape<Int<kRows>>{});  // (ROWS)
   if constexpr (!kHstu) softmax.finalize(acc_o_rc, rLse, epi_tid);
   Tensor rO = convert_fragment<Element>(acc_o);  // (MMA, MMA_M, MMA_K)

@@ -25,11 +25,13 @@ struct FwdTileConfig {
 // register budget (255 per thread) is what limits the tile: a thread holds block_m * block_n / threads
 // fp32 scores, block_m * d / threads fp32 outputs, and two k-slices of the ldmatrix operand fragments.
 //  - softmax, d <= 128: 128 x 64, 4 warps (the FlashAttention-2 choice for d = 128 on A100/H100): 64 score
-//    + 32..128 output registers per thread. 128 x 128 spills at d = 64 next to the fragments of two
-//    k-slices; 8 warps cost ~25% in barriers and shared-memory traffic.
+//    + 32..128 output registers per thread. 128 x 128 with 4 warps spills at d = 64 next to the fragments
+//    of two k-slices; at d = 64, 128 x 128 with 8 warps and 64 x 128 with 4 warps fit but measured 12-17%
+//    slower on an H100 (bf16, s 1k-16k, same run).
 //  - softmax, d = 192, 256: 128 x 64 with 8 warps: 4 warps would need 192..256 output registers per
 //    thread; 8 warps keep 16 rows each, and 128 KiB of shared memory (Q 64K, K 32K, V 32K at d = 256)
-//    fits sm80's 163 KiB and sm90's 227 KiB per block.
+//    fits sm80's 163 KiB and sm90's 227 KiB per block. 64 x 64 with 4 warps (two blocks per SM) measured
+//    2-14% slower at d = 256 on an H100.
 //  - HSTU: the rab tile is a third (ROWS x COLS) register array next to S and O, so the query block is
 //    halved: 64 x 64, 4 warps (and 8 warps from d = 192 on, for the output registers).
 //  - fp32 (tf32 MMAs): shared memory doubles, so the tiles shrink: 64 x 64 for d <= 128 (75 KB at d = 96,
@@ -55,6 +57,19 @@ struct ForwardTraits {
   static constexpr bool kHstu = kHstu_;
   static_assert(!(kFp32 && kHstu), "HSTU runs in fp16/bf16 only");
   static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim, kHstu, kFp32);
+  // Register-lean key loop, in three independent parts: the thread-dependent global addresses of the K/V
+  // copies (kRebuildGmemAddresses) and the shared addresses of the ldmatrix operands and score coordinates
+  // (kRebuildSmemAddresses) are rebuilt in every key step from an opaque thread index instead of being hoisted
+  // out of the loop, and the softmax partial row sums live in shared memory (kRowSumsInSmem). They keep
+  // softmax d = 128 (and the HSTU and tf32 tiles) from spilling, but cost issue slots and latency in every
+  // step, so each is on only where the registers need it: softmax 16-bit d <= 64 needs none of them (0 spills;
+  // d = 64 runs 6-13% faster than with all three on an H100), d = 256 only the shared addresses (hoisted
+  // global addresses and register row sums: 8-11% faster; hoisting the shared addresses as well spills at
+  // sm_80 and sm_90a).
+  static constexpr bool kLeanDefault = kHstu || kFp32 || (kHeadDim > 64 && kHeadDim < 256);
+  static constexpr bool kRebuildGmemAddresses = kLeanDefault;
+  static constexpr bool kRebuildSmemAddresses = kLeanDefault || kHeadDim == 256;
+  static constexpr bool kRowSumsInSmem = kLeanDefault;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kNWarps = kConfig.warps;
@@ -102,9 +117,11 @@ struct ForwardTraits {
   static constexpr int kSmemKVBytes = int(cosize(SmemLayoutKV{})) * int(sizeof(Element));
   static constexpr int kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes;
   // Accumulator rows per thread (two per 16-row MMA step), and the kernel's static shared memory: per-row
-  // visible key spans (int4), the full-block bounds (2 int) and the softmax row sums (float per row and thread).
+  // visible key spans (int4), the full-block bounds (2 int) and, with kRowSumsInSmem, the softmax row sums
+  // (float per row and thread).
   static constexpr int kRowsPerThread = kBlockM / (8 * kNWarps);
-  static constexpr int kSmemStaticBytes = kBlockM * 16 + 8 + (kHstu ? 1 : kRowsPerThread) * kNThreads * 4;
+  static constexpr int kSmemRowSumRows = kRowSumsInSmem && !kHstu ? kRowsPerThread : 0;
+  static constexpr int kSmemStaticBytes = kBlockM * 16 + 8 + kSmemRowSumRows * kNThreads * 4;
 
   // K-major operands (Q, K): ldmatrix, also for tf32 (one tf32 = a pair of b16). V^T: see SmemLayoutVt.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, ElementMma>;
