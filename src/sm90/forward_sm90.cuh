@@ -92,22 +92,30 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp_idx != 0) return;
-    TileHandoff<kNumMmaThreads> handoff;
-    uint32_t loaded = 0;   // K/V blocks loaded so far
-    uint32_t queries = 0;  // Q tiles loaded so far (tiles with work): slot queries % kQueryStages
+    // The counters live across the tile loop, in as few registers as the warp's 24 allow (softmax d 256 spilled
+    // two of them): `progress` holds the K/V blocks loaded so far above bit 0, the parity of the tiles handed
+    // over in bit 0; `queries` the Q tiles loaded so far (tiles with work), slot queries % kQueryStages. With one
+    // Q slot only whether a Q was loaded before matters, which the block count says (a tile with work loads
+    // blocks), and `queries` stays 0.
+    uint32_t progress = 0;
+    uint32_t queries = 0;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
-      const int claimed = handoff.producer_claim(kp.tile_counter, tile);
+      const int claimed = TileHandoff<kNumMmaThreads>::producer_claim(kp.tile_counter, tile);
       const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
       if (w.has_rows() && w.has_keys()) {
+        const uint32_t loaded = progress >> 1;
         // A Q slot holds its last tile's Q until both consumer warpgroups finished that tile's last Q K^T.
         const int q_slot = int(queries % Traits::kQueryStages);
-        if (queries >= uint32_t(Traits::kQueryStages))
-          barrier_sync(kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
-        Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, q_slot, w);
-        loaded += uint32_t(w.num_blocks());
-        ++queries;
+        const bool q_slot_used =
+            Traits::kQueryStages == 1 ? loaded > 0 : queries >= uint32_t(Traits::kQueryStages);
+        if (q_slot_used) barrier_sync(kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
+        const uint32_t now_loaded = Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, q_slot, w);
+        progress = now_loaded << 1 | (progress & 1);
+        if constexpr (Traits::kQueryStages > 1) ++queries;
       }
-      tile = handoff.producer_publish(kp.tile_counter, ss.handoff, kp.scheduler.num_tiles, claimed);
+      tile = TileHandoff<kNumMmaThreads>::producer_publish(kp.tile_counter, ss.handoff, kp.scheduler.num_tiles,
+                                                           claimed, progress & 1);
+      progress ^= 1;
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();

@@ -122,8 +122,8 @@ struct ForwardTraitsSm90 {
   // setmaxnreg budget: the launch bound gives 384 threads x 168 registers = 64512, split as producer * 128 +
   // consumer * 256. 40 / 232 by default: with 24 the producer warp spilled its tile loop (claim, plan, TMA
   // issue: 28 bytes softmax d 128, 108 HSTU d 128). Softmax d 256 (kBlockN 80) takes 24 / 240: with 232 its
-  // consumers spilled 52 bytes in the key-block loop (row spans, softmax statistics); with 24 its producer
-  // keeps two tile counters in local memory (16 bytes, one load and store each per tile).
+  // consumers spilled 52 bytes in the key-block loop (row spans, softmax statistics); its producer's tile loop
+  // fits in 24 with its counters packed (forward_sm90.cuh).
   static constexpr int kProducerRegisters = forward_tile_config(kHeadDim, kHstu, kWideKeys).producer_registers;
   static constexpr int kConsumerRegisters = (64512 - kProducerRegisters * 128) / 256 / 8 * 8;
   static constexpr bool kOpaqueThreadIndex = kHstu || kHeadDim > 128 || kWideKeys;

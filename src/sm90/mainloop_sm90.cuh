@@ -75,18 +75,19 @@ struct ForwardMainloopSm90 {
   // sequence's end read the next sequence and are masked (K) or never stored (Q). The rab tile of block n
   // is rows [m0 + off, m0 + off + kBlockM) (key positions of the tile's query rows) x the block's keys of
   // rab[batch, head or 0]; past max_seqlen_k TMA zero-fills, past the sequence the entries are masked.
-  // `loaded`: K/V blocks the producer loaded before this tile. K, V and rab (when present) advance their rings
-  // together, one slot per block, so their write positions follow from it: the producer keeps one counter
-  // instead of three pipeline states (its warp runs on 24 registers). Q goes to slot `q_slot` of the Q ring.
+  // `loaded`: K/V blocks the producer loaded before this tile; returns the count after it. K, V and rab (when
+  // present) advance their rings together, one slot per block, so the write position of every load follows
+  // from one running block count: the producer keeps no pipeline states (its warp runs on 24 registers). Q goes
+  // to slot `q_slot` of the Q ring.
   template <class KernelParams>
-  CUTE_DEVICE static void load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
+  CUTE_DEVICE static uint32_t load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
                                PipelineKV& pipeline_v, PipelineKV& pipeline_rab, uint32_t loaded, int q_slot,
                                TileWork const& w) {
     const detail::Params& p = kp.params;
-    // The producer's start phase is 1: the ring starts empty.
-    PipelineState write_k(int(loaded % Traits::kStages), ((loaded / Traits::kStages) & 1) ^ 1, loaded);
-    PipelineState write_v = write_k;
-    PipelineState write_rab = write_k;
+    // The write position of the i-th block of the launch; the producer's start phase is 1: the ring starts empty.
+    auto write_slot = [](uint32_t i) {
+      return PipelineState(int(i % Traits::kStages), ((i / Traits::kStages) & 1) ^ 1, i);
+    };
     const int batch = p.varlen ? 0 : w.coord.batch;
     const int kv_head = w.coord.head / kp.heads_per_kv;
     cute::Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
@@ -113,24 +114,24 @@ struct ForwardMainloopSm90 {
     cute::Tensor tVsV = get<1>(v_part);  // (TMA, kStages)
 
     const bool leader = cute::elect_one_sync();
-    auto load_k = [&](int n) {
-      pipeline_k.producer_acquire(write_k);
+    auto load_k = [&](uint32_t i, int n) {
+      PipelineState write = write_slot(i);
+      pipeline_k.producer_acquire(write);
       if (leader)
-        copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0), tKgK(_, n), tKsK(_, write_k.index()));
-      ++write_k;
+        copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n), tKsK(_, write.index()));
     };
-    auto load_v = [&](int n) {
-      pipeline_v.producer_acquire(write_v);
+    auto load_v = [&](uint32_t i, int n) {
+      PipelineState write = write_slot(i);
+      pipeline_v.producer_acquire(write);
       if (leader)
-        copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write_v), 0), tVgV(_, n), tVsV(_, write_v.index()));
-      ++write_v;
+        copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
     };
 
     if (leader) {
       ss.barrier_q[q_slot].arrive_and_expect_tx(Traits::kTmaBytesQ);
       copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[q_slot]), 0), tQgQ, tQsQ);
     }
-    auto load_rab = [&](int n) {
+    auto load_rab = [&](uint32_t i, int n) {
       if constexpr (kHstu) {
         if (p.rab == nullptr) return;
         const int rab_head = p.rab_heads == 1 ? 0 : w.coord.head;
@@ -142,24 +143,26 @@ struct ForwardMainloopSm90 {
         auto rab_part = tma_partition(kp.tma_rab, _0{}, Layout<_1>{}, group_modes<0, 2>(sRab), group_modes<0, 2>(gRab));
         cute::Tensor tRgRab = get<0>(rab_part);  // (TMA, n)
         cute::Tensor tRsRab = get<1>(rab_part);  // (TMA, kStages)
-        pipeline_rab.producer_acquire(write_rab);
+        PipelineState write = write_slot(i);
+        pipeline_rab.producer_acquire(write);
         if (leader)
-          copy(kp.tma_rab.with(*pipeline_rab.producer_get_barrier(write_rab), 0), tRgRab(_, n),
-               tRsRab(_, write_rab.index()));
-        ++write_rab;
+          copy(kp.tma_rab.with(*pipeline_rab.producer_get_barrier(write), 0), tRgRab(_, n), tRsRab(_, write.index()));
       }
     };
 
-    // Blocks in TileWork::next_block order; V of a block follows K of the next one.
+    // Blocks in TileWork::next_block order; V of a block follows K of the next one. `i`: the running count of
+    // the block n.
+    uint32_t i = loaded;
     int n = w.n_max - 1;
-    load_k(n);
-    load_rab(n);
-    for (int next = w.next_block(n); next >= w.n_min; n = next, next = w.next_block(n)) {
-      load_k(next);
-      load_rab(next);
-      load_v(n);
+    load_k(i, n);
+    load_rab(i, n);
+    for (int next = w.next_block(n); next >= w.n_min; n = next, next = w.next_block(n), ++i) {
+      load_k(i + 1, next);
+      load_rab(i + 1, next);
+      load_v(i, n);
     }
-    load_v(n);
+    load_v(i, n);
+    return i + 1;
   }
 
   // One consumer warpgroup's share (64 rows) of a tile: leaves O in tOrO, for softmax unnormalised with the

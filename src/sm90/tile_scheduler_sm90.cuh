@@ -64,7 +64,8 @@ struct TileHandoffStorage {
 // racecheck models; bar.sync/bar.arrive pairs it does not. Each side tracks the phase it waits for; the producer
 // starts one phase ahead, so its first wait on `empty` passes at once.
 // The counter (a kernel parameter) and the storage (a fixed smem address) are passed to every call; the
-// object holds only its phase.
+// object holds only the consumers' phase. The producer passes its own (the parity of the tiles it published):
+// its warp keeps the phase with its other counters in one register.
 template <int kNumMmaThreads>
 struct TileHandoff {
   uint32_t phase = 0;
@@ -84,17 +85,17 @@ struct TileHandoff {
   // Whole producer warp, after loading its tile: hands the claimed tile to the consumers and returns it.
   // A launch draws exactly num_tiles tickets (a CTA claims once per tile it runs): the lane that drew the last
   // one sets the counter back to zero, so back-to-back launches on one stream may share a counter.
-  CUTE_DEVICE int producer_publish(int* counter, TileHandoffStorage& s, int num_tiles, int claimed) {
+  CUTE_DEVICE static int producer_publish(int* counter, TileHandoffStorage& s, int num_tiles, int claimed,
+                                          uint32_t published_parity) {
     if (counter == nullptr) return claimed;
     if (claimed == num_tiles - 1 + int(gridDim.x)) atomicExch(counter, 0);
     const int next = __reduce_max_sync(0xffffffffu, claimed);
     if (threadIdx.x % 32 == 0) {
-      s.empty.wait(phase ^ 1);
+      s.empty.wait(published_parity ^ 1);
       s.next_tile = next;
       s.full.arrive();
     }
     __syncwarp();
-    phase ^= 1;
     return next;
   }
   // Every consumer thread, after finishing `tile`: the next tile of this CTA.

@@ -210,6 +210,12 @@ TEST_F(Sm90Forward, SeveralTilesPerCta) {
   std::vector<int32_t> lengths;
   for (int i = 0; i < 40; ++i) lengths.push_back(i % 7 == 3 ? 0 : 65 + 19 * (i % 5));
   check_forward(softmax_varlen(DType::kFloat16, lengths, {}, 8, 4, 256));
+  // Query tiles without keys (sequences with none) before and between tiles with keys on one CTA (600 tiles,
+  // claimed in sequence order): the producer's block and Q slot counts stay in step with the consumers' (one Q
+  // slot at d 256, two at d 64).
+  for (int64_t d : {64, 256}) {
+    check_forward(softmax_varlen(DType::kBFloat16, {300, 200, 129, 400, 77}, {0, 150, 0, 260, 0}, 30, 30, d));
+  }
 }
 
 // ---- HSTU (jagged layout) ----
