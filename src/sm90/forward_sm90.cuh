@@ -5,8 +5,8 @@
 // Instantiated by tools/generate_instances.py for sm_90a only.
 #pragma once
 
-// The wgmma shapes with N = 80 and 112 (key-block widths of kernel_traits_sm90.cuh) are CuTe's "extended" ones,
-// enabled before the first CuTe header of the TU (generated instances include this header first).
+// The wgmma shapes with N = 80, 112 and 176 (key-block widths of kernel_traits_sm90.cuh) are CuTe's "extended"
+// ones, enabled before the first CuTe header of the TU (generated instances include this header first).
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif

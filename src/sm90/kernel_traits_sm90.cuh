@@ -5,7 +5,7 @@
 #pragma once
 
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
-#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // the wgmma N = 80 and 112 atoms (see forward_sm90.cuh)
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // the wgmma N = 80, 112 and 176 atoms (see forward_sm90.cuh)
 #endif
 
 #include <cute/tensor.hpp>
