@@ -101,7 +101,7 @@ def _softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
     _check_backend(backend)
     left, right = _window(window_size, causal)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    out, lse = _ops.fwd(
+    out, lse = _ops.flash_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale or 0.0),
         bool(causal), left, right, float(softcap), bool(deterministic), backend,
     )  # fmt: skip
@@ -216,7 +216,7 @@ def hstu_attn_varlen_func(
         rab = _last_dim_contiguous(rab)
     left, right = _window(window_size, causal)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    return _ops.hstu_fwd(
+    return _ops.hstu_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         float(scaling_seqlen) if scaling_seqlen is not None else 0.0, num_contexts, num_targets,
         target_group_size, left, right, float(alpha), rab, bool(causal), bool(has_drab), bool(deterministic),

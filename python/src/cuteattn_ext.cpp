@@ -1,6 +1,7 @@
 // The nanobind module `cuteattn._cuteattn`: turns DLPack arrays (CPU or CUDA, from any framework; torch is
-// never linked) into cuteattn::Tensor views and calls the C++ API. Outputs and the forward and backward
-// workspaces are allocated by the caller, so a framework's caching allocator and CUDA graph capture keep working.
+// never linked) into cuteattn::Tensor views and calls the C++ API. Outputs are allocated by the caller, and so is
+// scratch when the caller passes a workspace or an `allocate` callback, so a framework's caching allocator and
+// CUDA graph capture keep working.
 //
 // Errors: StatusCode::kInvalidArgument -> ValueError, kNotSupported -> NotImplementedError (a subclass of
 // RuntimeError in Python), every other failure -> RuntimeError; the message is the library's.
@@ -176,18 +177,30 @@ cuteattn::ForwardArgs forward_args(ProblemHolder& h, const Array& out, const Arr
   return args;
 }
 
+// The call's scratch: `workspace` when given, else, when `allocate` is given and the call needs scratch,
+// allocate(bytes) (a DLPack array on the call's device, kept alive in `workspace` until the call returns). With
+// neither, the library provides it (a forward: its per-stream buffer; a backward: a stream-ordered allocation).
+template <class Args>
+void provide_workspace(Args& args, DeviceOf& device, Array& workspace, const nb::object& allocate,
+                       size_t (*bytes_needed)(const Args&)) {
+  if (!workspace.is_valid() && !allocate.is_none()) {
+    const size_t bytes = bytes_needed(args);
+    if (bytes > 0) workspace = nb::cast<Array>(allocate(bytes));
+  }
+  if (!workspace.is_valid()) return;
+  device.check(workspace, "workspace");
+  args.workspace = workspace.data();
+  args.workspace_bytes = workspace.nbytes();
+}
+
 // No argument check of its own (0 for arguments the call will refuse): forward checks them once.
 size_t forward_workspace_bytes(ProblemHolder& h, Array out, Array lse) {
   return cuteattn::forward_workspace_bytes(forward_args(h, out, lse));
 }
 
-void forward(ProblemHolder& h, Array out, Array lse, Array workspace) {
+void forward(ProblemHolder& h, Array out, Array lse, Array workspace, nb::object allocate) {
   cuteattn::ForwardArgs args = forward_args(h, out, lse);
-  if (workspace.is_valid()) {
-    h.device.check(workspace, "workspace");
-    args.workspace = workspace.data();
-    args.workspace_bytes = workspace.nbytes();
-  }
+  provide_workspace(args, h.device, workspace, allocate, &cuteattn::forward_workspace_bytes);
   cuteattn::Status status;
   {
     nb::gil_scoped_release release;
@@ -220,13 +233,9 @@ size_t workspace_bytes(ProblemHolder& h, Array out, Array lse, Array dout, Array
 }
 
 void backward(ProblemHolder& h, Array out, Array lse, Array dout, Array dq, Array dk, Array dv, Array drab,
-              bool deterministic, Array workspace) {
+              bool deterministic, Array workspace, nb::object allocate) {
   cuteattn::BackwardArgs args = backward_args(h, out, lse, dout, dq, dk, dv, drab, deterministic);
-  if (workspace.is_valid()) {
-    h.device.check(workspace, "workspace");
-    args.workspace = workspace.data();
-    args.workspace_bytes = workspace.nbytes();
-  }
+  provide_workspace(args, h.device, workspace, allocate, &cuteattn::backward_workspace_bytes);
   cuteattn::Status status;
   {
     nb::gil_scoped_release release;
@@ -259,7 +268,10 @@ NB_MODULE(_cuteattn, m) {
   m.def("forward_workspace_bytes", &forward_workspace_bytes, "problem"_a, "out"_a, "lse"_a.none() = nb::none(),
         "The bytes of device scratch attention_forward needs (0 on the CPU and for arguments it refuses).");
   m.def("forward", &forward, "problem"_a, "out"_a, "lse"_a.none() = nb::none(), "workspace"_a.none() = nb::none(),
-        "Run the forward pass into the caller's `out` (and `lse` for softmax).");
+        "allocate"_a.none() = nb::none(),
+        "Run the forward pass into the caller's `out` (and `lse` for softmax). Scratch: `workspace`, else "
+        "`allocate(nbytes)` (returning a DLPack array on the call's device) when the call needs some, else the "
+        "library's per-stream buffer.");
   m.def("resolve_forward_backend", &resolve_forward, "problem"_a, "out"_a, "lse"_a.none() = nb::none(),
         "Checks the forward arguments and names the backend the call would run on (ref, cpu, sm80, sm90).");
   m.def("backward_workspace_bytes", &workspace_bytes, "problem"_a, "out"_a.none(), "lse"_a.none(), "dout"_a, "dq"_a,
@@ -267,7 +279,9 @@ NB_MODULE(_cuteattn, m) {
         "Checks the backward arguments and returns the bytes of device scratch attention_backward needs.");
   m.def("backward", &backward, "problem"_a, "out"_a.none(), "lse"_a.none(), "dout"_a, "dq"_a, "dk"_a, "dv"_a,
         "drab"_a.none() = nb::none(), "deterministic"_a = false, "workspace"_a.none() = nb::none(),
-        "Run the backward pass into the caller's gradients.");
+        "allocate"_a.none() = nb::none(),
+        "Run the backward pass into the caller's gradients. Scratch: `workspace`, else `allocate(nbytes)` "
+        "(returning a DLPack array on the call's device), else a stream-ordered allocation of the library's.");
 
   m.def("version", &cuteattn::version);
   m.def("compiled_archs", &cuteattn::compiled_archs);

@@ -5,9 +5,10 @@ import zlib
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import cuteattn
-from cuteattn import _C
+from cuteattn import _C, _ops
 from helpers import check_flash, check_hstu, cu_seqlens, randn
 
 CPU = torch.device("cpu")
@@ -256,6 +257,68 @@ def test_torch_compile_fullgraph(name):
     torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
     for g, e in zip(grads, eager_grads):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def _op_inputs(name):
+    """(eager entry point, operator, its inputs, the differentiable ones) for flash and HSTU, CPU float32."""
+    torch.manual_seed(12)
+    kw = dict(dtype=torch.float32, device=CPU)
+    if name == "flash":
+        q, k, v = randn(2, 9, 4, 32, **kw), randn(2, 9, 2, 32, **kw), randn(2, 9, 2, 32, **kw)
+        inputs = (q, k, v, None, None, 0, 0, 0.0, True, -1, 0, 0.0, False, "auto")
+        return _ops.flash_attention, torch.ops.cuteattn.fwd.default, inputs, (q, k, v)
+    cu = cu_seqlens([5, 0, 12], CPU)
+    q, k, v, rab = randn(17, 2, 32, **kw), randn(17, 2, 32, **kw), randn(17, 2, 32, **kw), randn(3, 1, 12, 12, **kw)
+    targets = torch.tensor([1, 0, 3], dtype=torch.int32)
+    inputs = (q, k, v, cu, cu, 12, 12, 0.0, None, targets, 1, -1, 0, 0.5, rab, True, True, False, "auto")
+    return _ops.hstu_attention, torch.ops.cuteattn.hstu_fwd.default, inputs, (q, k, v, rab)
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("name", ["flash", "hstu"])
+def test_eager_path_matches_operator(name):
+    """A plain eager call skips the custom op (an autograd.Function runs the same implementation): outputs and
+    gradients must equal the operator's bit for bit, with and without gradients."""
+    eager, op, inputs, leaves = _op_inputs(name)
+    got, expected = eager(*inputs), op(*inputs)
+    assert type(_first(got).grad_fn).__name__.endswith("FunctionBackward")  # the eager path was taken
+    dout = torch.randn_like(_first(got))
+    for a, b in zip(torch.autograd.grad(_first(got), leaves, dout), torch.autograd.grad(_first(expected), leaves, dout)):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        for a, b in zip(_as_tuple(eager(*inputs)), _as_tuple(expected)):
+            assert torch.equal(a, b)
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("mode", ["real", "fake"])
+@pytest.mark.parametrize("name", ["flash", "hstu"])
+def test_tracing_sees_the_operator(name, mode):
+    """Under a dispatch mode (make_fx here, FakeTensorMode in torch.compile) calls go through the operator."""
+    eager, op, inputs, _ = _op_inputs(name)
+    positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+
+    def fn(*tensors):
+        args = list(inputs)
+        for i, t in zip(positions, tensors):
+            args[i] = t
+        return eager(*args)
+
+    graph = make_fx(fn, tracing_mode=mode)(*(inputs[i].detach() for i in positions)).graph
+    assert any(node.target is op for node in graph.nodes)
+
+
+def test_profiler_names_the_operator():
+    eager, _, inputs, _ = _op_inputs("flash")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        eager(*inputs)
+    assert any(event.name == "cuteattn::fwd" for event in prof.events())
 
 
 def _bad_calls():

@@ -1,10 +1,12 @@
 """GPU suite (device check; marked `gpu`, skipped without CUDA): the three functions against the float64
 reference with the FlashAttention tolerance rule (2x forward, 3x gradients, 5x HSTU gradients and dRab against a
 plain computation in the same low precision), every mask, odd lengths, GQA, varlen with zero-length sequences;
-torch.compile, CUDA graph capture, side streams, determinism and fully written outputs."""
+torch.compile, CUDA graph capture, side streams, determinism, fully written outputs and the binding's scratch
+callback."""
 
 import pytest
 import torch
+from torch.utils.dlpack import to_dlpack
 
 import cuteattn
 from cuteattn import _C
@@ -210,6 +212,30 @@ def test_every_output_element_written_gpu(score):
     for name, t in [("out", out), ("lse", lse), ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])]:
         if t is not None:
             assert not t.isnan().any(), f"{name}: elements left unwritten"
+
+
+def test_binding_allocate_gpu():
+    """The binding's `allocate` callback (the ops pass torch's allocator) supplies scratch exactly when a call needs
+    some: the forward then uses it instead of the library's per-stream buffer, with the same result."""
+    torch.manual_seed(14)
+    q, k, v = (torch.randn(2, 300, 4, 128, dtype=torch.bfloat16, device=CUDA) for _ in range(3))
+    problem = _C.Problem("softmax", q, k, v, causal=True, window_right=0, stream=torch.cuda.current_stream().cuda_stream)
+    requests = []
+
+    def allocate(nbytes):
+        requests.append(nbytes)
+        return to_dlpack(torch.empty(nbytes, dtype=torch.uint8, device=CUDA))
+
+    out, out_allocated = torch.empty_like(q), torch.empty_like(q)
+    lse, lse_allocated = torch.empty(2, 4, 300, device=CUDA), torch.empty(2, 4, 300, device=CUDA)
+    _C.forward(problem, out, lse)
+    _C.forward(problem, out_allocated, lse_allocated, allocate=allocate)
+    assert requests == [n for n in [_C.forward_workspace_bytes(problem, out, lse)] if n]
+    assert torch.equal(out, out_allocated) and torch.equal(lse, lse_allocated)
+    requests.clear()
+    args = (out, lse, torch.randn_like(q), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    _C.backward(problem, *args, allocate=allocate)
+    assert requests == [n for n in [_C.backward_workspace_bytes(problem, *args)] if n]
 
 
 def test_gpu_backend_resolution():
