@@ -37,6 +37,23 @@ struct BwdKernelArgs {
   bool heads_inner;         // grid (nsplit * head groups, b, 1), the head group fastest; else (nsplit, b, head groups)
 };
 
+// This batch entry's sequence bounds and mask, in shared memory: held in registers, their 64-bit fields took ~24
+// of them across the query-block loop; read from shared memory where used (the loop's barriers keep the compiler
+// from hoisting the loads), they cost a few LDS per block.
+struct CtaScalars {
+  SequenceInfo seq;
+  Mask mask;
+};
+// The same for the query head being walked: its row 0 in q, dout, LSE, D and this split's dQ accumulator.
+template <class Element>
+struct HeadBases {
+  const Element* q;
+  const Element* dout;
+  const float* lse;
+  const float* dsum;
+  float* dq;
+};
+
 template <class Traits, bool kHstu>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   using Element = typename Traits::Element;
@@ -55,9 +72,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const int split_x = heads_inner ? int(blockIdx.x) / head_groups : int(blockIdx.x);
   const int head_group = heads_inner ? int(blockIdx.x) % head_groups : int(blockIdx.z);
   const int64_t bi = blockIdx.y;
-  const SequenceInfo seq = SequenceInfo::of(p, bi);
-  const Mask mask = Mask::of(p, seq, bi);
-  const int sq = int(seq.sq), sk = int(seq.sk);
   const int d = int(p.head_dim), dv = int(p.head_dim_v);
 
   extern __shared__ char smem_raw[];
@@ -69,6 +83,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Element* smem_ds = smem_p + Traits::kSizePdS;
   float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kSizePdS);  // (kStages, kBlockM)
   float* smem_dsum = smem_lse + kStages * kBlockM;                         // (kStages, kBlockM)
+  static_assert(sizeof(CtaScalars) + sizeof(HeadBases<Element>) <= Traits::kSmemScalarBytes);
+  CtaScalars* cta = reinterpret_cast<CtaScalars*>(smem_dsum + kStages * kBlockM);
+  HeadBases<Element>* head = reinterpret_cast<HeadBases<Element>*>(cta + 1);
+  if (tidx == 0) {
+    const SequenceInfo s = SequenceInfo::of(p, bi);
+    *cta = CtaScalars{s, Mask::of(p, s, bi)};
+  }
+  __syncthreads();
+  const SequenceInfo& seq = cta->seq;
+  const Mask& mask = cta->mask;
+  const int sq = int(seq.sq), sk = int(seq.sk);
 
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
   Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});         // (kBlockN, kHeadDim)
@@ -83,13 +108,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor sdO0 = make_tensor(make_smem_ptr(smem_do), typename Traits::SmemLayoutQdO{});     // (kBlockM, kHeadDim)
   Tensor sQtNoSwizzle = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdOtNoSwizzle{});  // (kHeadDim, kBlockM)
 
-  // Global -> shared loads and their coordinate tensors for predication.
+  // Every thread-dependent shared or global address (ldmatrix and cp.async partitions, accumulator coordinates)
+  // is built where it is used from loop_tid(). With Traits::kRebuildAddresses that index is opaque, so the
+  // addresses are recomputed at each use rather than hoisted out of the query-block loop, where they hold ~40
+  // registers next to the dK/dV accumulators. The thread slices taken from tidx below serve only the register
+  // fragments' shapes.
+  auto loop_tid = []() { return thread_index<Traits::kRebuildAddresses>(); };
   typename Traits::GmemTiledCopy gmem_tiled_copy;
-  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tidx);
   Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
   Tensor cK = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, kHeadDim)
-  Tensor tQcQ = gmem_thr_copy.partition_S(cQ);                               // (CPY, CPY_M, CPY_K)
-  Tensor tKcK = gmem_thr_copy.partition_S(cK);                               // (CPY, CPY_N, CPY_K)
 
   // S = Q K^T and dP = dO V^T.
   typename Traits::TiledMmaSdP tiled_mma_sdp;
@@ -99,20 +126,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO0); // (MMA, MMA_M, MMA_K)
   Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_K)
   auto smem_tiled_copy_sdp_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
-  auto smem_thr_copy_sdp_a = smem_tiled_copy_sdp_a.get_thread_slice(tidx);
   auto smem_tiled_copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtomSdPB{}, tiled_mma_sdp);
-  auto smem_thr_copy_sdp_b = smem_tiled_copy_sdp_b.get_thread_slice(tidx);
-  Tensor tSsK = smem_thr_copy_sdp_b.partition_S(sK);      // (CPY, CPY_N, CPY_K)
-  Tensor tdPsV = smem_thr_copy_sdp_b.partition_S(sV);     // (CPY, CPY_N, CPY_K)
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
-  Tensor tScS = thr_mma_sdp.partition_C(cS);                                // (MMA, MMA_M, MMA_N)
-  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (ROW, COL)
-  const auto acc_rc = rowcol(make_layout(shape(tScS)));  // (ROW, COL) -> index into an S/dP accumulator
+  // (ROW, COL) -> index into an S/dP accumulator
+  const auto acc_rc = rowcol(make_layout(shape(thr_mma_sdp.partition_C(cS))));
+  constexpr int kRows = decltype(size<0>(acc_rc))::value;
+  constexpr int kCols = decltype(size<1>(acc_rc))::value;
+  // This thread's (row, col) coordinates in the S/dP tile.
+  auto score_coords = [&]() {
+    Tensor tScS = tiled_mma_sdp.get_thread_slice(loop_tid()).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+    return make_tensor(tScS.data(), rowcol(tScS.layout()));                     // (ROW, COL)
+  };
   auto smem_tiled_copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, tiled_mma_sdp);
-  auto smem_thr_copy_pds = smem_tiled_copy_pds.get_thread_slice(tidx);
-  Tensor tPsP = smem_thr_copy_pds.partition_D(sP);        // (CPY, CPY_M, CPY_N)
-  Tensor tSsP = thr_mma_sdp.partition_C(sP);              // (MMA, MMA_M, MMA_N): where this thread's P goes
-  Tensor tdSsdS = smem_thr_copy_pds.partition_D(sdS);     // (CPY, CPY_M, CPY_N)
+  // A fragment in the S/dP accumulator layout to or from this thread's part of sP or sdS.
+  auto store_pds = [&](auto const& frag, auto& sX) {
+    auto thr = smem_tiled_copy_pds.get_thread_slice(loop_tid());
+    copy(smem_tiled_copy_pds, thr.retile_S(frag), thr.partition_D(sX));
+  };
+  auto load_pds = [&](auto const& sX, auto& frag) {
+    auto thr = smem_tiled_copy_pds.get_thread_slice(loop_tid());
+    copy(smem_tiled_copy_pds, thr.partition_D(sX), thr.retile_D(frag));
+  };
 
   // dV += P^T dO and dK += dS^T Q.
   typename Traits::TiledMmadKV tiled_mma_dkv;
@@ -122,12 +156,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sPtNoSwizzle);  // (MMA, MMA_N, MMA_K)
   Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQtNoSwizzle);   // (MMA, MMA_D, MMA_K)
   auto smem_tiled_copy_dkv_a = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dkv);
-  auto smem_thr_copy_dkv_a = smem_tiled_copy_dkv_a.get_thread_slice(tidx);
   auto smem_tiled_copy_dkv_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dkv);
-  auto smem_thr_copy_dkv_b = smem_tiled_copy_dkv_b.get_thread_slice(tidx);
-  Tensor tdVsPt = smem_thr_copy_dkv_a.partition_S(sPt);    // (CPY, CPY_N, CPY_K)
-  Tensor tdKsdSt = smem_thr_copy_dkv_a.partition_S(sdSt);  // (CPY, CPY_N, CPY_K)
-  Tensor tdKVcdKV = thr_mma_dkv.partition_C(cK);           // (MMA, MMA_N, MMA_D)
   Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_N, MMA_D)
 
@@ -139,43 +168,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdQrKt = thr_mma_dq.partition_fragment_B(
       local_tile(sKtNoSwizzle, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(0, 0)));  // (MMA, MMA_D, MMA_K)
   auto smem_tiled_copy_dq_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_dq);
-  auto smem_thr_copy_dq_a = smem_tiled_copy_dq_a.get_thread_slice(tidx);
   auto smem_tiled_copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dq);
-  auto smem_thr_copy_dq_b = smem_tiled_copy_dq_b.get_thread_slice(tidx);
-  Tensor tdQsdS = smem_thr_copy_dq_a.partition_S(sdS);  // (CPY, CPY_M, CPY_K)
-  Tensor tdQcdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));  // (MMA, MMA_M, MMA_D)
+  Tensor cdQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{});  // (kBlockM, kDqCols)
   // A thread's dQ rows: two (r, r + 8) per MMA_M step of 16 * kAtomMdQ rows, numbered by slot.
   constexpr int kDqMStep = 16 * Traits::kAtomMdQ;
-  constexpr int kDqRowSlots = 2 * decltype(size<1>(tdQcdQ))::value;
+  constexpr int kDqRowSlots = 2 * decltype(size<1>(thr_mma_dq.partition_C(cdQ)))::value;
   auto dq_row_delta = [](int slot) { return slot / 2 * kDqMStep + slot % 2 * 8; };
   auto dq_row_slot = [](int delta) { return delta / kDqMStep * 2 + delta % kDqMStep / 8; };
 
-  // Column tests of the dQ atomics and the dK/dV stores, one bit per accumulator column pair, computed once: the
-  // compiler otherwise keeps every column index live across the loops (and spills them). The empty asm hides
-  // how the masks were built, so the tests are not folded back into per-column comparisons.
-  constexpr int kDqPairs = decltype(size(tdQcdQ))::value / 2;
-  constexpr int kKVPairs = decltype(size(tdKVcdKV))::value / 2;
-  static_assert(Traits::kDqChunks * kDqPairs <= 32 && kKVPairs <= 32, "column masks hold 32 pairs");
-  uint32_t dq_col_ok = 0, dk_col_ok = 0, dv_col_ok = 0;
-  CUTE_UNROLL
-  for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
+  // Column tests of the dQ atomics, one bit per accumulator column pair, computed once: the compiler otherwise
+  // keeps every column index live across the loops (and spills them). The empty asm hides how the mask was
+  // built, so the tests are not folded back into per-column comparisons.
+  constexpr int kDqPairs = decltype(size(thr_mma_dq.partition_C(cdQ)))::value / 2;
+  static_assert(Traits::kDqChunks * kDqPairs <= 32, "the column mask holds 32 pairs");
+  uint32_t dq_col_ok = 0;
+  {
+    Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(loop_tid()).partition_C(cdQ);  // (MMA, MMA_M, MMA_D)
     CUTE_UNROLL
-    for (int e = 0; e < 2 * kDqPairs; e += 2) {
-      if (chunk * kDqCols + get<1>(tdQcdQ(e)) < d) dq_col_ok |= 1u << (chunk * kDqPairs + e / 2);
+    for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
+      CUTE_UNROLL
+      for (int e = 0; e < 2 * kDqPairs; e += 2) {
+        if (chunk * kDqCols + get<1>(tdQcdQ(e)) < d) dq_col_ok |= 1u << (chunk * kDqPairs + e / 2);
+      }
     }
   }
-  CUTE_UNROLL
-  for (int e = 0; e < 2 * kKVPairs; e += 2) {
-    if (get<1>(tdKVcdKV(e)) < d) dk_col_ok |= 1u << (e / 2);
-    if (get<1>(tdKVcdKV(e)) < dv) dv_col_ok |= 1u << (e / 2);
-  }
-  asm("" : "+r"(dq_col_ok), "+r"(dk_col_ok), "+r"(dv_col_ok));
+  asm("" : "+r"(dq_col_ok));
 
   const SoftcapScore softmax_score{p.scale, p.softcap};
   const HstuScore hstu_score{p.alpha, p.inv_scaling_seqlen};
   const float scale_log2 = p.scale * kLog2e;
   const int64_t dq_row_stride = p.heads * int64_t(kHeadDim);
-  const int64_t dq_row_base = p.varlen ? seq.q_start : bi * p.seqlen_q;
   const bool drab_direct = kHstu && p.drab != nullptr && args.drab_accum == nullptr;
   // dRab summed over heads by one CTA that walks every head of its key block (else atomics into a zeroed
   // drab_accum): the first head stores its fp32 dS, later ones add to it, the last writes dRab itself.
@@ -194,7 +216,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   for (int n_block = split_x; n_block < args.n_blocks; n_block += args.nsplit) {
     const int n0 = n_block * kBlockN;
     if (n0 >= sk) break;
-    const int split = deterministic ? split_x : 0;
     const Range rows = mask.row_range(n0, n0 + kBlockN);
     const int m_begin = rows.empty() ? 0 : int(rows.begin / kBlockM);
     const int m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
@@ -229,13 +250,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
     const int kv_heads_per_cta = args.heads_per_cta / args.kv_group;
     for (int kv_i = 0; kv_i < kv_heads_per_cta; ++kv_i) {
-      const int64_t hk = int64_t(head_group) * kv_heads_per_cta + kv_i;
+      const int hk = head_group * kv_heads_per_cta + kv_i;
       __syncthreads();  // every warp is done reading sK/sV (and sQ/sdO) of the previous head or key block
       {
         Tensor gK = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, n0, hk)),
                                 Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(p.k.row_stride, _1{}));  // (kBlockN, kHeadDim)
         Tensor gV = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, n0, hk)),
                                 Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(p.v.row_stride, _1{}));  // (kBlockN, kHeadDim)
+        auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(loop_tid());
+        Tensor tKcK = gmem_thr_copy.partition_S(cK);  // (CPY, CPY_N, CPY_K)
         Tensor tKgK = gmem_thr_copy.partition_S(gK);  // (CPY, CPY_N, CPY_K)
         Tensor tKsK = gmem_thr_copy.partition_D(sK);  // (CPY, CPY_N, CPY_K)
         Tensor tVgV = gmem_thr_copy.partition_S(gV);  // (CPY, CPY_N, CPY_K)
@@ -249,27 +272,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       clear(acc_dv);
 
       for (int g = 0; g < args.kv_group; ++g) {
-        const int64_t hq = hk * args.kv_group + g;
-        const Element* q_head = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, 0, hq);
-        const Element* do_head = static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq);
-        // Softmax LSE and D of query row i sit at index lse_row0 + i; rows past sq read as 0.
-        const int64_t lse_row0 = kHstu ? 0 : seq.lse_index(p, bi, hq, 0);
+        const int hq = hk * args.kv_group + g;
         auto load_q_do = [&](int m, int stage) {
-          Tensor gQ = make_tensor(make_gmem_ptr(q_head + int64_t(m) * kBlockM * p.q.row_stride),
+          Tensor gQ = make_tensor(make_gmem_ptr(head->q + int64_t(m) * kBlockM * p.q.row_stride),
                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q.row_stride, _1{}));  // (kBlockM, kHeadDim)
-          Tensor gdO = make_tensor(make_gmem_ptr(do_head + int64_t(m) * kBlockM * p.dout.row_stride),
+          Tensor gdO = make_tensor(make_gmem_ptr(head->dout + int64_t(m) * kBlockM * p.dout.row_stride),
                                    Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.dout.row_stride, _1{}));  // (kBlockM, kHeadDim)
           Tensor sQ = make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});    // (kBlockM, kHeadDim)
           Tensor sdO = make_tensor(make_smem_ptr(smem_do + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{});  // (kBlockM, kHeadDim)
+          // Always from an opaque index: hoisted, the 64-bit row offsets of these copies stay live across the loop.
+          auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(thread_index<true>());
+          Tensor tQcQ = gmem_thr_copy.partition_S(cQ);     // (CPY, CPY_M, CPY_K)
           Tensor tQgQ = gmem_thr_copy.partition_S(gQ);     // (CPY, CPY_M, CPY_K)
           Tensor tQsQ = gmem_thr_copy.partition_D(sQ);     // (CPY, CPY_M, CPY_K)
           Tensor tdOgdO = gmem_thr_copy.partition_S(gdO);  // (CPY, CPY_M, CPY_K)
           Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);  // (CPY, CPY_M, CPY_K)
           copy_tile_pred<kBlockM, kHeadDim>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, sq - m * kBlockM, d);
           copy_tile_pred<kBlockM, kHeadDim>(gmem_tiled_copy, tdOgdO, tdOsdO, tQcQ, sq - m * kBlockM, dv);
-          if (!kHstu && tidx < 2 * kBlockM) {
+          if (!kHstu && tidx < 2 * kBlockM) {  // rows past sq read as 0
             const int r = tidx % kBlockM, i = m * kBlockM + r;
-            const float* src = (tidx < kBlockM ? p.lse : args.dsum) + lse_row0 + (i < sq ? i : 0);
+            const float* src = (tidx < kBlockM ? head->lse : head->dsum) + (i < sq ? i : 0);
             cp_async_4b(src, (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + r, i < sq);
           }
           cp_async_fence();
@@ -277,7 +299,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
         int m = next_visible(m_begin);
         int stage = 0;
-        __syncthreads();  // the previous head's last query block is no longer read from sQ/sdO
+        __syncthreads();  // the previous head's last query block is no longer read from sQ/sdO or *head
+        if (tidx == 0) {
+          const int64_t lse_row0 = kHstu ? 0 : seq.lse_index(p, bi, hq, 0);
+          *head = HeadBases<Element>{
+              static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, 0, hq),
+              static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq),
+              kHstu ? nullptr : p.lse + lse_row0, kHstu ? nullptr : args.dsum + lse_row0,
+              args.dq_accum + (deterministic ? split_x : 0) * args.dq_split_stride +
+                  ((p.varlen ? seq.q_start : bi * p.seqlen_q) * p.heads + hq) * int64_t(kHeadDim)};
+        }
+        __syncthreads();
         if (m < m_end) load_q_do(m, 0);
         while (m < m_end) {
           const bool full_tile = full_bits >> (m - chunk_base) & 1u;
@@ -285,6 +317,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           const int m0 = m * kBlockM;
           cp_async_wait<0>();
           if constexpr (Traits::kFp32) {  // each thread rounds what its own copies wrote, before the barrier
+            auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(loop_tid());
             round_tile_to_tf32(gmem_thr_copy.partition_D(
                 make_tensor(make_smem_ptr(smem_q + stage * Traits::kSizeQdO), typename Traits::SmemLayoutQdO{})));
             round_tile_to_tf32(gmem_thr_copy.partition_D(
@@ -297,8 +330,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           }
           __syncthreads();  // Q/dO (and K/V) landed; the previous block's reads of sP/sdS/other stage are done
 
-          constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-          constexpr int kCols = decltype(size<1>(tScS_rc))::value;
           // HSTU rab of this thread's (row, column pair)s, as 32-bit pairs (the checker guarantees 4-byte aligned
           // rab rows; column pairs start at even j) copied asynchronously into sP where this thread writes P (it is
           // free since the barrier above): the loads' latency hides behind the S GEMM without holding registers,
@@ -306,6 +337,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           const bool has_rab = kHstu && p.rab != nullptr;
           if constexpr (kHstu) {
             const int64_t hr = p.rab_heads == 1 ? 0 : hq;
+            Tensor tScS_rc = score_coords();                                      // (ROW, COL)
+            Tensor tSsP = tiled_mma_sdp.get_thread_slice(loop_tid()).partition_C(sP);  // (MMA, MMA_M, MMA_N)
             const int col0 = get<1>(tScS_rc(0, 0));  // rab and dRab addresses: col0 plus compile-time deltas
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
@@ -346,11 +379,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           // S = Q K^T
           Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
           clear(acc_s);
-          gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, smem_thr_copy_sdp_a.partition_S(sQ), tSsK, smem_tiled_copy_sdp_a,
-                  smem_tiled_copy_sdp_b, smem_thr_copy_sdp_a, smem_thr_copy_sdp_b);
+          gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, sQ, sK, smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, loop_tid());
 
           // P goes to sP; HSTU also parks the dP-independent factor dprob(S_pre) in sdS. The thread that wrote them
-          // reads them back to form dS, so no fp32 tile stays live across the dP GEMM next to dK/dV.
+          // reads them back to form dS, so no fp32 tile stays live across the dP GEMM next to dK/dV (P kept in
+          // registers instead measured 1-4% slower on an H100, d96 and d128).
           // Masking is a separate pass that only partially visible tiles take.
           Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));  // (ROW, COL)
           if constexpr (kHstu) {
@@ -366,6 +399,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             Tensor p_rc = make_tensor(rP.data(), rowcol(rP.layout()));  // (ROW, COL)
             // Two copies of the score pass, with and without rab, so the one without reads nothing per pair.
             auto score_pass = [&](auto with_rab) {
+              Tensor tSsP = tiled_mma_sdp.get_thread_slice(loop_tid()).partition_C(sP);  // (MMA, MMA_M, MMA_N)
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 CUTE_UNROLL
@@ -390,6 +424,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               score_pass(cute::false_type{});
             }
             if (!full_tile) {
+              Tensor tScS_rc = score_coords();  // (ROW, COL)
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int4 sp = row_spans(m0 + get<0>(tScS_rc(mi, 0)));
@@ -403,13 +438,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 }
               }
             }
-            copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rP), tPsP);
-            Tensor rF = convert_fragment<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
-            copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rF), tdSsdS);
+            store_pds(rP, sP);
+            store_pds(convert_fragment<Element>(acc_s), sdS);
           } else {
             float row_lse2[kRows];  // LSE * log2(e); +inf for rows that see no key (P = 0 there)
-            CUTE_UNROLL
-            for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(lse_blk[get<0>(tScS_rc(mi, 0))]);
+            {
+              Tensor tScS_rc = score_coords();  // (ROW, COL)
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(lse_blk[get<0>(tScS_rc(mi, 0))]);
+            }
             if (p.softcap > 0.0f) {
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
@@ -426,6 +463,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               }
             }
             if (!full_tile) {
+              Tensor tScS_rc = score_coords();  // (ROW, COL)
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int4 sp = row_spans(m0 + get<0>(tScS_rc(mi, 0)));
@@ -436,22 +474,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 }
               }
             }
-            Tensor rP = convert_fragment<typename Traits::ElementMma>(acc_s);  // (MMA, MMA_M, MMA_N)
-            copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rP), tPsP);
+            store_pds(convert_fragment<typename Traits::ElementMma>(acc_s), sP);
           }
 
           // dP = dO V^T
           Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
           clear(acc_dp);
-          gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, smem_thr_copy_sdp_a.partition_S(sdO), tdPsV,
-                  smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, smem_thr_copy_sdp_a, smem_thr_copy_sdp_b);
+          gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, sdO, sV, smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, loop_tid());
 
           // dS, left in acc_dp. Softmax dS omits the factor `scale`, applied to dQ and dK at the end.
           Tensor rX = make_tensor<Element>(acc_dp.layout());  // (MMA, MMA_M, MMA_N): P, or HSTU's dprob(S_pre)
-          copy(smem_tiled_copy_pds, kHstu ? tdSsdS : tPsP, smem_thr_copy_pds.retile_D(rX));
+          load_pds(kHstu ? sdS : sP, rX);
           Tensor rX_rc = make_tensor(rX.data(), rowcol(rX.layout()));          // (ROW, COL)
           Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));  // (ROW, COL)
-          if (kHstu) {
+          Tensor tScS_rc = score_coords();                                      // (ROW, COL)
+          if constexpr (kHstu) {
             CUTE_UNROLL
             for (int e = 0; e < size(acc_dp); ++e) acc_dp(e) *= static_cast<float>(rX(e));
           } else if (p.softcap > 0.0f) {
@@ -537,7 +574,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             }
           }
           Tensor rdS = convert_fragment<typename Traits::ElementMma>(acc_dp);  // (MMA, MMA_M, MMA_N)
-          copy(smem_tiled_copy_pds, smem_thr_copy_pds.retile_S(rdS), tdSsdS);
+          store_pds(rdS, sdS);
           __syncthreads();  // sP and sdS are complete
 
           // dV += P^T dO, then dQ += dS K and dK += dS^T Q (dK before dQ where Traits::kDkAfterDq is off: the
@@ -546,22 +583,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           // pointer plus a compile-time column delta. The empty asm keeps the row pointers from being recomputed
           // (64-bit multiply) at every reduction. A block wholly inside sq and d reduces without per-element tests
           // (and without the branches around each of them).
-          gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, smem_thr_copy_dkv_b.partition_S(sdOt),
-                  smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b);
+          gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, sPt, sdOt, smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b,
+                  loop_tid());
           auto gemm_dk = [&](auto const& hook) {
-            gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, smem_thr_copy_dkv_b.partition_S(sQt),
-                    smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b, smem_thr_copy_dkv_a, smem_thr_copy_dkv_b, hook);
+            gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, sdSt, sQt, smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b,
+                    loop_tid(), hook);
             if (kStages == 1 && m_next < m_end) {
               __syncthreads();  // sQ/sdO are free once every warp finished dK and dV
               load_q_do(m_next, 0);
             }
           };
           if constexpr (!Traits::kDkAfterDq) gemm_dk(NoHook{});
+          Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(loop_tid()).partition_C(cdQ);  // (MMA, MMA_M, MMA_D)
           const int dq_r0 = get<0>(tdQcdQ(0)), dq_c0 = get<1>(tdQcdQ(0));
           float* dq_row[kDqRowSlots];
           bool dq_row_ok[kDqRowSlots];
-          dq_row[0] = args.dq_accum + split * args.dq_split_stride + (dq_row_base + m0 + dq_r0) * dq_row_stride +
-                      hq * kHeadDim + dq_c0;
+          dq_row[0] = head->dq + (m0 + dq_r0) * dq_row_stride + dq_c0;
           CUTE_UNROLL
           for (int slot = 0; slot < kDqRowSlots; ++slot) {
             if (slot > 0) {
@@ -594,8 +631,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             Tensor sKt_chunk = local_tile(sKt, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(chunk, 0));  // (kDqCols, kBlockN)
             Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kDqCols>>{});  // (MMA, MMA_M, MMA_D)
             clear(acc_dq);
-            gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, smem_thr_copy_dq_b.partition_S(sKt_chunk),
-                    smem_tiled_copy_dq_a, smem_tiled_copy_dq_b, smem_thr_copy_dq_a, smem_thr_copy_dq_b);
+            gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, sdS, sKt_chunk, smem_tiled_copy_dq_a, smem_tiled_copy_dq_b,
+                    loop_tid());
             if (Traits::kDkAfterDq && Traits::kDqRedSteps > 0 && chunk == Traits::kDqChunks - 1) {
               // The last chunk's reductions go out during the dK GEMM, kDqRedSteps k-slices of it taking a share
               // each: issued all at once they stall its first ldmatrix, which reuses their source registers.
@@ -621,7 +658,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       // dK (times the softmax scale) and dV in the input dtype; consecutive column pairs as one store.
       using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
       const float dk_scale = kHstu ? 1.0f : p.scale;
-      // As for dQ: this thread's first element plus compile-time deltas.
+      // As for dQ: this thread's first element plus compile-time deltas. The coordinates come from an opaque
+      // index, so that none of them (nor the column tests) is computed before the loops and kept across them.
+      Tensor tdKVcdKV = tiled_mma_dkv.get_thread_slice(thread_index<true>()).partition_C(cK);  // (MMA, MMA_N, MMA_D)
       const int kv_r0 = get<0>(tdKVcdKV(0)), kv_c0 = get<1>(tdKVcdKV(0));
       Element* dk_thr = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0 + kv_r0, hk) + kv_c0;
       Element* dv_thr = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0 + kv_r0, hk) + kv_c0;
@@ -629,11 +668,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       for (int e = 0; e < size(acc_dk); e += 2) {
         const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
         if (n0 + r >= sk) continue;
-        if (dk_col_ok >> (e / 2) & 1u) {
+        if (c < d) {
           Element pair[2] = {static_cast<Element>(acc_dk(e) * dk_scale), static_cast<Element>(acc_dk(e + 1) * dk_scale)};
           *reinterpret_cast<Pair*>(dk_thr + (r - kv_r0) * p.dk.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
         }
-        if (dv_col_ok >> (e / 2) & 1u) {
+        if (c < dv) {
           Element pair[2] = {static_cast<Element>(acc_dv(e)), static_cast<Element>(acc_dv(e + 1))};
           *reinterpret_cast<Pair*>(dv_thr + (r - kv_r0) * p.dv.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
         }

@@ -1,6 +1,6 @@
 // Small CuTe building blocks of the sm80 backward kernel: shared-memory-operand GEMM with ldmatrix
-// double-buffering over k, predicated global -> shared tile loads, the (row, col) view of an MMA accumulator, and
-// the fp32 column-pair reduction into global memory.
+// double-buffering over k, predicated global -> shared tile loads, the (row, col) view of an MMA accumulator, the
+// fp32 column-pair reduction into global memory, and the (optionally opaque) thread index addresses come from.
 #pragma once
 
 #include <type_traits>
@@ -25,21 +25,35 @@ __device__ __forceinline__ auto rowcol(Layout const& acc_layout) {
                      make_layout(get<0, 0>(acc_layout), get<2>(acc_layout)));
 }
 
+// threadIdx.x, with kOpaque through an empty volatile asm: the compiler cannot see that two calls return the same
+// value, so the shared and global addresses derived from it are computed where they are used instead of being
+// hoisted out of the query-block loop and kept in registers across it (next to the dK/dV accumulators).
+template <bool kOpaque>
+__device__ __forceinline__ int thread_index() {
+  int t = int(threadIdx.x);
+  if constexpr (kOpaque) asm volatile("" : "+r"(t));
+  return t;
+}
+
 struct NoHook {
   __device__ __forceinline__ void operator()(int) const {}
 };
 
-// acc += A * B^T with both operands in shared memory, read through ldmatrix one k-slice ahead of the MMA.
-// hook(k) runs once slice k is in registers, before slice k + 1 is loaded and slice k multiplied (tf32: before
-// slice k is loaded): work placed there overlaps the MMAs instead of delaying the first ldmatrix.
+// acc += A * B^T with both operands in shared memory (sA: (M, K), sB: (N, K)), read through ldmatrix one k-slice
+// ahead of the MMA, partitioned for thread tid (from thread_index). hook(k) runs once slice k is in registers,
+// before slice k + 1 is loaded and slice k multiplied (tf32: before slice k is loaded): work placed there overlaps
+// the MMAs instead of delaying the first ldmatrix.
 template <class TiledMma, class TensorAcc, class TensorRA, class TensorRB, class TensorSA, class TensorSB,
-          class CopyA, class CopyB, class ThrCopyA, class ThrCopyB, class Hook = NoHook>
+          class CopyA, class CopyB, class Hook = NoHook>
 __device__ __forceinline__ void gemm_ss(TiledMma& tiled_mma, TensorAcc& acc, TensorRA& tCrA, TensorRB& tCrB,
-                                        TensorSA const& tCsA, TensorSB const& tCsB, CopyA const& copy_a,
-                                        CopyB const& copy_b, ThrCopyA const& thr_copy_a,
-                                        ThrCopyB const& thr_copy_b, Hook const& hook = Hook{}) {
-  Tensor tCrA_view = thr_copy_a.retile_D(tCrA);  // (CPY, CPY_M, CPY_K)
-  Tensor tCrB_view = thr_copy_b.retile_D(tCrB);  // (CPY, CPY_N, CPY_K)
+                                        TensorSA const& sA, TensorSB const& sB, CopyA const& copy_a,
+                                        CopyB const& copy_b, int tid, Hook const& hook = Hook{}) {
+  auto thr_copy_a = copy_a.get_thread_slice(tid);
+  auto thr_copy_b = copy_b.get_thread_slice(tid);
+  Tensor tCsA = thr_copy_a.partition_S(sA);       // (CPY, CPY_M, CPY_K)
+  Tensor tCsB = thr_copy_b.partition_S(sB);       // (CPY, CPY_N, CPY_K)
+  Tensor tCrA_view = thr_copy_a.retile_D(tCrA);   // (CPY, CPY_M, CPY_K)
+  Tensor tCrB_view = thr_copy_b.retile_D(tCrB);   // (CPY, CPY_N, CPY_K)
   if constexpr (std::is_same_v<typename TensorRB::value_type, cutlass::tfloat32_t>) {
     // tf32: a k8 slice of B over the whole N extent (d at d = 256) is as many registers as a k16 slice of the
     // 16-bit kernels, and two of them next to the fp32 dK/dV accumulators spill; so B is loaded and consumed
