@@ -104,11 +104,11 @@ struct ForwardEpilogueSm90 {
       const FwdBarrier staging = offset(FwdBarrier::kEpilogueWG0, wg);
       if (t == 0) tma_store_wait<0>();
       barrier_sync(128, staging);
-      cute::Tensor sO = cute::make_tensor(make_smem_ptr(ss.o.o.data()), typename Traits::SmemLayoutO{});  // (64, kHeadDim, 2)
+      cute::Tensor sO = cute::make_tensor(make_smem_ptr(ss.o.o.data()), typename Traits::SmemLayoutO{});  // (64, kHeadDim, warpgroups)
       typename Traits::SmemCopyO smem_copy_o;
       auto thr_copy_o = smem_copy_o.get_thread_slice(t);
       cute::Tensor tOrO_copy = thr_copy_o.retile_S(tOrOut);  // (CPY, CPY_M, CPY_N)
-      cute::Tensor tOsO = thr_copy_o.partition_D(sO);        // (CPY, CPY_M, CPY_N, 2)
+      cute::Tensor tOsO = thr_copy_o.partition_D(sO);        // (CPY, CPY_M, CPY_N, warpgroups)
       cute::copy(smem_copy_o, tOrO_copy, tOsO(_, _, _, wg));
       tma_store_fence();  // the generic-proxy writes above, visible to the TMA unit
       barrier_sync(128, staging);
@@ -121,7 +121,7 @@ struct ForwardEpilogueSm90 {
                        make_coord(w.coord.m_block * Traits::kNumMmaWarpGroups + wg, _0{}));  // (64, kHeadDim)
         auto o_part = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
         cute::Tensor tOgO = get<0>(o_part);      // (TMA)
-        cute::Tensor tOsO_tma = get<1>(o_part);  // (TMA, 2)
+        cute::Tensor tOsO_tma = get<1>(o_part);  // (TMA, warpgroups)
         copy(kp.tma_o, tOsO_tma(_, wg), tOgO);
         tma_store_arrive();
       }

@@ -1,6 +1,6 @@
 // sm90 (Hopper) forward kernel, FlashAttention-3 class: the kernel (warp-specialised: one TMA producer warp,
-// two consumer warpgroups with setmaxnreg, persistent over tiles) and its host side: what it supports, the
-// TMA descriptors and the launch. One kernel for both score functions: softmax (online softmax, LSE) and
+// two or three consumer warpgroups with setmaxnreg, persistent over tiles) and its host side: what it supports,
+// the TMA descriptors and the launch. One kernel for both score functions: softmax (online softmax, LSE) and
 // HSTU (rab tile through TMA, SiLU, no normalisation), a compile-time branch on the traits' kHstu.
 // Instantiated by tools/generate_instances.py for sm_90a only.
 #pragma once
@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   using Mainloop = ForwardMainloopSm90<Traits>;
   using Epilogue = ForwardEpilogueSm90<Traits>;
   using PipelineKV = typename Traits::PipelineKV;
-  using PipelineState = typename PipelineKV::PipelineState;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kNumMmaThreads = Traits::kNumMmaThreads;
@@ -104,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
       if (w.has_rows() && w.has_keys()) {
         const uint32_t loaded = progress >> 1;
-        // A Q slot holds its last tile's Q until both consumer warpgroups finished that tile's last Q K^T.
+        // A Q slot holds its last tile's Q until every consumer warpgroup finished that tile's last Q K^T.
         const int q_slot = int(queries % Traits::kQueryStages);
         const bool q_slot_used =
             Traits::kQueryStages == 1 ? loaded > 0 : queries >= uint32_t(Traits::kQueryStages);
@@ -119,9 +118,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
-    const MmaScheduler<kNumMmaThreads> sched{warp_group - 1};  // warp-uniform: a uniform register, not a spill
+    const MmaScheduler<Traits::kNumMmaWarpGroups> sched{warp_group - 1};  // warp-uniform: a uniform register, not a spill
     sched.init();
-    PipelineState read_k, read_v, read_rab;
+    typename Mainloop::ReadPosition read_k, read_v, read_rab;
     uint32_t queries = 0;  // tiles with work so far, as the producer counts them
     TileHandoff<kNumMmaThreads> handoff;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;
@@ -138,20 +137,30 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const int q_slot = int(queries % Traits::kQueryStages);
       ss.barrier_q[q_slot].wait((queries / Traits::kQueryStages) & 1);
       ++queries;
+      // The epilogue's view of the tile: planned again from the tile index where registers are short
+      // (Traits::kReplanEpilogue), so the sequence and coordinates are not kept live across the mainloop.
+      auto epilogue_work = [&]() {
+        if constexpr (Traits::kReplanEpilogue) {
+          return TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(opaque_copy(tile)));
+        } else {
+          return w;
+        }
+      };
       typename Traits::TiledMmaPV tiled_mma_pv;
       cute::Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));  // (MMA, MMA_M, MMA_N)
       if constexpr (Traits::kHstu) {
         HstuPointwise hstu(kp.params);
         Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
                       tOrO, hstu);
-        Epilogue::store(kp, ss, w, consumer_thread_index<Traits::kOpaqueThreadIndex>(), tOrO);
+        Epilogue::store(kp, ss, epilogue_work(), consumer_thread_index<Traits::kOpaqueThreadIndex>(), tOrO);
       } else {
         OnlineSoftmax<2> softmax(kp.score.scale_log2);
         Mainloop::mma(kp, ss, pipeline_k, pipeline_v, pipeline_rab, read_k, read_v, read_rab, w, q_slot, tid, sched,
                       tOrO, softmax);
         float inv_sum[2], lse[2];
         softmax.finalize(inv_sum, lse);
-        Epilogue::store(kp, ss, w, consumer_thread_index<Traits::kOpaqueThreadIndex>(), tOrO, inv_sum, lse);
+        Epilogue::store(kp, ss, epilogue_work(), consumer_thread_index<Traits::kOpaqueThreadIndex>(), tOrO, inv_sum,
+                        lse);
       }
     }
     Epilogue::drain(consumer_thread_index<Traits::kOpaqueThreadIndex>());
@@ -230,11 +239,29 @@ struct Sm90Forward {
     return kHasWideKeys && p.window_left < 0 && p.seqlen_k >= kWideKeysMinSeqlen;
   }
 
+  // Softmax d 64 over long rows runs three consumer warpgroups on 192-row tiles (kernel_traits_sm90.cuh); short
+  // rows keep two on 128-row tiles, as a causal diagonal or a short last tile wastes more of a 192-row tile.
+  // H100 bf16, same run, TFLOP/s three vs two: no mask s 512 320 vs 322, s 2k 458 vs 416, s 16k 517 vs 443;
+  // causal s 512 165 vs 190, s 2k 326 vs 338, s 16k 466 vs 422 (the thresholds lie between measured lengths).
+  // A sliding window keeps two.
+  static constexpr bool kHasLongRows = !kHstu && kHeadDim == 64;
+  static constexpr int64_t kLongRowsMinSeqlen = 1024;
+  static constexpr int64_t kLongRowsMinSeqlenCausal = 4096;
+  static bool long_rows(const Params& p) {
+    return kHasLongRows && p.window_left < 0 &&
+           p.seqlen_k >= (p.window_right >= 0 ? kLongRowsMinSeqlenCausal : kLongRowsMinSeqlen);
+  }
+
   static Status launch(const Params& p, void* workspace) {
     Status s = supports(p);
     if (!s.ok()) return s;
     if constexpr (kHasWideKeys) {
       if (wide_keys(p)) return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, true>>(p, workspace);
+    }
+    if constexpr (kHasLongRows) {
+      if (long_rows(p)) {
+        return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, false, true>>(p, workspace);
+      }
     }
     return launch_with<Traits>(p, workspace);
   }

@@ -24,14 +24,17 @@ namespace cuteattn::sm90 {
 using namespace cute;
 
 struct ForwardTileConfig {
+  int mma_warpgroups;  // consumer warpgroups, 64 query rows each: kBlockM = 64 * mma_warpgroups
   int block_n;
   int stages;
   int producer_registers;  // setmaxnreg of the producer warpgroup; the consumers get the rest (the traits)
 };
 
-// kBlockM is always 128: two consumer warpgroups of 64 rows (one wgmma M atom each) share every K/V tile.
-// kBlockN and the K/V ring depth fill the 227 KB of shared memory:
-//   Q (128 x d) + stages * (K + V) (kBlockN x d each), 16-bit elements.
+// Two consumer warpgroups (kBlockM 128), and three (kBlockM 192) in the long-row kernel of softmax d 64
+// (Sm90Forward::long_rows): at d 64 a 128 x 128 Q K^T and P V are short next to the softmax of the block, and a
+// third warpgroup's tensor-core work hides more of it. kBlockN and the K/V ring depth fill the 227 KB of shared
+// memory:
+//   Q (kBlockM x d) + stages * (K + V) (kBlockN x d each), 16-bit elements.
 // Registers per consumer thread: S = 64 x kBlockN / 128 and O = 64 x d / 128 fp32, plus P in 16 bits; the
 // score of block n overlaps P V of block n + 1, so S, P and O are live at once.
 //   d  64: 16 KB + 4 x 32 KB                         S 64, O  32
@@ -48,21 +51,25 @@ struct ForwardTileConfig {
 // Wide keys (softmax d 128 on long key ranges, Sm90Forward::wide_keys): kBlockN 176, 32 KB + 2 x 88 KB; no room
 // for the O staging tile or a second Q slot, which short tiles need (s 512: 20% slower), while long rows gain
 // (s 16k: +5%).
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool hstu, bool wide_keys) {
-  if (wide_keys) return ForwardTileConfig{176, 2, 40};
+// Long rows (softmax d 64): kBlockM 192, 24 KB + 4 x 32 KB; 160 registers per consumer thread (512 threads).
+// HSTU d 64 with three warpgroups measured slower (H100 bf16, kBlockN 64 as 128 spilled 360 bytes: 215 vs 236
+// TFLOP/s at max_seqlen 1k, 384 vs 410 at 4k).
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool hstu, bool wide_keys, bool long_rows) {
+  if (wide_keys) return ForwardTileConfig{2, 176, 2, 40};
+  if (long_rows) return ForwardTileConfig{3, 128, 4, 32};
   if (hstu) {
-    return head_dim <= 64    ? ForwardTileConfig{128, 3, 40}
-           : head_dim <= 128 ? ForwardTileConfig{128, 2, 40}
-                             : ForwardTileConfig{64, 2, 40};
+    return head_dim <= 64    ? ForwardTileConfig{2, 128, 3, 40}
+           : head_dim <= 128 ? ForwardTileConfig{2, 128, 2, 40}
+                             : ForwardTileConfig{2, 64, 2, 40};
   }
-  return head_dim <= 64    ? ForwardTileConfig{128, 4, 40}
-         : head_dim <= 96  ? ForwardTileConfig{128, 3, 40}
-         : head_dim <= 128 ? ForwardTileConfig{128, 2, 40}
-         : head_dim <= 192 ? ForwardTileConfig{112, 2, 40}
-                           : ForwardTileConfig{80, 2, 24};
+  return head_dim <= 64    ? ForwardTileConfig{2, 128, 4, 40}
+         : head_dim <= 96  ? ForwardTileConfig{2, 128, 3, 40}
+         : head_dim <= 128 ? ForwardTileConfig{2, 128, 2, 40}
+         : head_dim <= 192 ? ForwardTileConfig{2, 112, 2, 40}
+                           : ForwardTileConfig{2, 80, 2, 24};
 }
 
-// Index of a consumer thread among the consumer threads (warpgroups 1 and 2). kOpaque: read through an opaque
+// Index of a consumer thread among the consumer threads (warpgroups 1 and up). kOpaque: read through an opaque
 // instruction, so the compiler re-reads it where it is used instead of keeping values derived from it (the
 // thread's row coordinates) in registers across tiles, where they spilled (softmax d 256, HSTU d 96); where
 // nothing spills the plain index is faster (H100, same run: softmax d 64 s 512 causal 190 vs 185 TFLOP/s, d 128
@@ -76,6 +83,13 @@ CUTE_DEVICE int consumer_thread_index() {
   } else {
     return int(threadIdx.x) - 128;
   }
+}
+
+// `x` through an opaque move: the compiler cannot tell the result from x's other uses, so what is derived from it
+// is derived again instead of kept live from an earlier derivation.
+CUTE_DEVICE int opaque_copy(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
 }
 
 template <DType kDType>
@@ -104,29 +118,39 @@ struct OStorage<true, Element, SmemLayoutO> {
   alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutO>, 1024> o;
 };
 
-template <DType kDType, int kHeadDim_, bool kHstu_, bool kWideKeys_ = false>
+template <DType kDType, int kHeadDim_, bool kHstu_, bool kWideKeys_ = false, bool kLongRows_ = false>
 struct ForwardTraitsSm90 {
   using Element = ElementOf<kDType>;
   using ElementAccum = float;
 
   static constexpr bool kHstu = kHstu_;
   static constexpr bool kWideKeys = kWideKeys_;
+  static constexpr bool kLongRows = kLongRows_;
   static_assert(!kWideKeys || (!kHstu && kHeadDim_ == 128), "wide key blocks: softmax d 128 only");
+  static_assert(!kLongRows || (!kHstu && kHeadDim_ == 64), "long rows: softmax d 64 only");
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = forward_tile_config(kHeadDim, kHstu, kWideKeys).block_n;
-  static constexpr int kStages = forward_tile_config(kHeadDim, kHstu, kWideKeys).stages;
-  static constexpr int kNumMmaWarpGroups = 2;
+  static constexpr ForwardTileConfig kConfig = forward_tile_config(kHeadDim, kHstu, kWideKeys, kLongRows);
+  static constexpr int kNumMmaWarpGroups = kConfig.mma_warpgroups;
+  static_assert(kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3, "named barriers for up to three consumers");
+  static constexpr int kBlockM = 64 * kNumMmaWarpGroups;
+  static constexpr int kBlockN = kConfig.block_n;
+  static constexpr int kStages = kConfig.stages;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0 produces (one TMA warp)
-  // setmaxnreg budget: the launch bound gives 384 threads x 168 registers = 64512, split as producer * 128 +
-  // consumer * 256. 40 / 232 by default: with 24 the producer warp spilled its tile loop (claim, plan, TMA
-  // issue: 28 bytes softmax d 128, 108 HSTU d 128). Softmax d 256 (kBlockN 80) takes 24 / 240: with 232 its
-  // consumers spilled 52 bytes in the key-block loop (row spans, softmax statistics); its producer's tile loop
-  // fits in 24 with its counters packed (forward_sm90.cuh).
-  static constexpr int kProducerRegisters = forward_tile_config(kHeadDim, kHstu, kWideKeys).producer_registers;
-  static constexpr int kConsumerRegisters = (64512 - kProducerRegisters * 128) / 256 / 8 * 8;
-  static constexpr bool kOpaqueThreadIndex = kHstu || kHeadDim > 128 || kWideKeys;
+  // setmaxnreg budget: the launch bound gives every thread 65536 / threads registers (rounded down to 8: 168 of
+  // 384 threads, 128 of 512), split as producer * 128 + consumer * kNumMmaThreads. 40 / 232 by default: with 24
+  // the producer warp spilled its tile loop (claim, plan, TMA issue: 28 bytes softmax d 128, 108 HSTU d 128).
+  // Softmax d 256 (kBlockN 80) takes 24 / 240: with 232 its consumers spilled 52 bytes in the key-block loop
+  // (row spans, softmax statistics); its producer's tile loop fits in 24 with its counters packed
+  // (forward_sm90.cuh). Three consumer warpgroups: 32 / 160.
+  static constexpr int kProducerRegisters = kConfig.producer_registers;
+  static constexpr int kRegisterBudget = 65536 / kNumThreads / 8 * 8 * kNumThreads;
+  static constexpr int kConsumerRegisters = (kRegisterBudget - kProducerRegisters * 128) / kNumMmaThreads / 8 * 8;
+  static constexpr bool kOpaqueThreadIndex = kHstu || kHeadDim > 128 || kWideKeys || kNumMmaWarpGroups > 2;
+  // Three consumer warpgroups (160 registers): the tile's work (sequence, coordinates) for the epilogue and the
+  // ring positions are derived again where used instead of kept across the mainloop, where they spilled.
+  static constexpr bool kReplanEpilogue = kNumMmaWarpGroups > 2;
+  static constexpr bool kCountedReads = kNumMmaWarpGroups > 2;  // ForwardMainloopSm90::ReadPosition
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "wgmma K is 16");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, K) of S = Q K^T

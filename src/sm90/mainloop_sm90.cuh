@@ -1,10 +1,10 @@
-// Mainloop of the sm90 forward kernel for one tile of 128 query rows.
+// Mainloop of the sm90 forward kernel for one tile of kBlockM (128 or 192) query rows.
 // Producer (one warp): TMA loads of Q and of the K/V blocks into the shared ring, K one block ahead of V
 // (HSTU with rab: the rab tile of each block right after its K; the consumers start S from it).
-// Consumers (two warpgroups of 64 rows): S = Q K^T (wgmma from smem), softmax or the HSTU score, O += P V
-// (P from registers), with the score of block n overlapping P V of block n + 1 within a warpgroup, and the
-// wgmmas of the two warpgroups taking turns (pingpong) so one warpgroup's score work hides behind the
-// other's tensor-core work.
+// Consumers (two or three warpgroups of 64 rows): S = Q K^T (wgmma from smem), softmax or the HSTU score,
+// O += P V (P from registers), with the score of block n overlapping P V of block n + 1 within a warpgroup, and
+// the wgmmas of the warpgroups taking turns (pingpong) so one warpgroup's score work hides behind the others'
+// tensor-core work.
 #pragma once
 
 #include <cmath>
@@ -69,6 +69,21 @@ struct ForwardMainloopSm90 {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr bool kHstu = Traits::kHstu;
+
+  // A consumer's read position in the K, V or rab ring. Where registers are short (Traits::kCountedReads: three
+  // consumer warpgroups) a count of the blocks read, the slot and phase derived from it where used; otherwise
+  // the pipeline state. The consumers' start phase is 0.
+  struct ReadPosition {
+    std::conditional_t<Traits::kCountedReads, uint32_t, PipelineState> at{};
+    CUTE_DEVICE PipelineState state() const {
+      if constexpr (Traits::kCountedReads) {
+        return PipelineState(int(at % Traits::kStages), (at / Traits::kStages) & 1, at);
+      } else {
+        return at;
+      }
+    }
+    CUTE_DEVICE void advance() { ++at; }
+  };
 
   // Global coordinate tensors of one tile: Q (kBlockM, kHeadDim) and K/V (kBlockN, kHeadDim, n_blocks).
   // Rows are offset to the sequence start; TMA zero-fills past the tensor's end, varlen rows past the
@@ -170,9 +185,9 @@ struct ForwardMainloopSm90 {
   // `tid` is the thread's index among the consumer threads.
   template <class KernelParams, class FragO, class Score>
   CUTE_DEVICE static void mma(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                              PipelineKV& pipeline_v, PipelineKV& pipeline_rab, PipelineState& read_k,
-                              PipelineState& read_v, PipelineState& read_rab, TileWork const& w, int q_slot, int tid,
-                              MmaScheduler<Traits::kNumMmaThreads> const& sched, FragO& tOrO, Score& score) {
+                              PipelineKV& pipeline_v, PipelineKV& pipeline_rab, ReadPosition& read_k,
+                              ReadPosition& read_v, ReadPosition& read_rab, TileWork const& w, int q_slot, int tid,
+                              MmaScheduler<Traits::kNumMmaWarpGroups> const& sched, FragO& tOrO, Score& score) {
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(tid);
@@ -193,7 +208,13 @@ struct ForwardMainloopSm90 {
     // blocks pay for the element mask: one compare per element against the visible key spans of this
     // thread's rows, also found once per tile.
     detail::Range full_first, full_second;
-    detail::fully_visible_blocks(w.mask, w.m0, m_end, kBlockN, &full_first, &full_second);
+    // The long-row kernel runs without a sliding window (Sm90Forward::long_rows): its rows see keys from 0 and its
+    // tiles end at block 0, which the compiler then knows (the first ends of the spans and of the fully visible
+    // range, and the last block, are constants instead of registers).
+    detail::Mask mask = w.mask;
+    if constexpr (Traits::kLongRows) mask.left = -1;
+    const int n_min = Traits::kLongRows ? 0 : w.n_min;
+    detail::fully_visible_blocks(mask, w.m0, m_end, kBlockN, &full_first, &full_second);
     const int full_lo = int(full_first.begin), full_hi = int(full_first.end);
     const int full2_lo = int(full_second.begin), full2_hi = int(full_second.end);
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
@@ -204,7 +225,7 @@ struct ForwardMainloopSm90 {
     CUTE_UNROLL
     for (int r = 0; r < kMaskRows; ++r) {
       detail::Range first, second;
-      detail::visible_spans(w.mask, w.m0 + get<0>(c_rc(r, 0)), &first, &second);
+      detail::visible_spans(mask, w.m0 + get<0>(c_rc(r, 0)), &first, &second);
       spans[r][0] = int(first.begin);
       spans[r][1] = int(first.end);
       if constexpr (kHstu) {
@@ -244,17 +265,17 @@ struct ForwardMainloopSm90 {
     const bool has_rab = kHstu && kp.params.rab != nullptr;
     auto issue_qk = [&](auto& tSrS) {
       auto issue = [&](bool zero_init) {
-        pipeline_k.consumer_wait(read_k);
+        pipeline_k.consumer_wait(read_k.state());
         sched.wait_turn();
-        warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, zero_init);
+        warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.state().index()), tSrS, zero_init);
       };
       if constexpr (kHstu) {
         if (has_rab) {
           const RabReader<Element, kBlockM, kBlockN> rab(ss.rab.rab.data(), get<0>(tScS(0)), get<1>(tScS(0)));
-          pipeline_rab.consumer_wait(read_rab);
-          rab.load(tSrS, read_rab.index());
-          pipeline_rab.consumer_release(read_rab);
-          ++read_rab;
+          pipeline_rab.consumer_wait(read_rab.state());
+          rab.load(tSrS, read_rab.state().index());
+          pipeline_rab.consumer_release(read_rab.state());
+          read_rab.advance();
           issue(false);
           return;
         }
@@ -279,27 +300,27 @@ struct ForwardMainloopSm90 {
     issue_qk(tSrS);
     sched.pass_turn();
     warpgroup_wait<0>();
-    pipeline_k.consumer_release(read_k);
-    ++read_k;
+    pipeline_k.consumer_release(read_k.state());
+    read_k.advance();
     score_block(tSrS, w.n_max - 1);
     cute::Tensor tOrP = cute::make_tensor<Element>(acc_as_a_operand(tSrS.layout()));  // (MMA, MMA_M, MMA_K)
     convert_fragment(tSrS, tOrP);
     bool first_pv = true;
 
-    for (int n = w.next_block(w.n_max - 1); n >= w.n_min; n = w.next_block(n)) {
+    for (int n = w.next_block(w.n_max - 1); n >= n_min; n = w.next_block(n)) {
       cute::Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));  // (MMA, MMA_M, MMA_N)
       issue_qk(tSrS_next);
-      pipeline_v.consumer_wait(read_v);
-      warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, first_pv);
+      pipeline_v.consumer_wait(read_v.state());
+      warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.state().index()), tOrO, first_pv);
       sched.pass_turn();
       first_pv = false;
       warpgroup_wait<1>();  // S of block n is ready; P V of the block before it still runs
-      pipeline_k.consumer_release(read_k);
-      ++read_k;
+      pipeline_k.consumer_release(read_k.state());
+      read_k.advance();
       score_block(tSrS_next, n);
       warpgroup_wait<0>();
-      pipeline_v.consumer_release(read_v);
-      ++read_v;
+      pipeline_v.consumer_release(read_v.state());
+      read_v.advance();
       if constexpr (!kHstu) {
         cute::Tensor o_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
         scale_rows(o_rc, rescale);
@@ -309,11 +330,11 @@ struct ForwardMainloopSm90 {
 
     // Every Q K^T of the tile has completed: the producer may load another tile's Q into its slot.
     barrier_arrive(Traits::kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
-    pipeline_v.consumer_wait(read_v);
-    warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, first_pv);
+    pipeline_v.consumer_wait(read_v.state());
+    warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.state().index()), tOrO, first_pv);
     warpgroup_wait<0>();
-    pipeline_v.consumer_release(read_v);
-    ++read_v;
+    pipeline_v.consumer_release(read_v.state());
+    read_v.advance();
   }
 };
 

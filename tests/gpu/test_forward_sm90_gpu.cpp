@@ -2,11 +2,11 @@
 // oracle under the FlashAttention tolerance rule (2x the error of a plain bf16/fp16 computation), every output
 // element written over a NaN poison, for odd lengths, s_q != s_k, varlen with empty sequences, GQA, causal,
 // sliding windows, softcap, rows without visible keys, several tiles per CTA, every head-dim bucket of the
-// build, key-block widths that are no power of 2 and the wide-key d 128 kernel. HSTU (jagged): rab with none / 1 / h heads, every HSTU
-// mask (causal, window, contextual, targets with group sizes), many targets (hidden key blocks skipped), alpha
-// and scaling_seqlen, zero-length and one-row sequences, several tiles per CTA, every bucket, and d != d_v
-// routed to sm80. The workspace: a caller's (dirty, reused across calls), none when tiles are scheduled
-// statically, too small.
+// build, key-block widths that are no power of 2, the wide-key d 128 kernel and the three-warpgroup d 64 kernel
+// (192-row tiles). HSTU (jagged): rab with none / 1 / h heads, every HSTU mask (causal, window, contextual,
+// targets with group sizes), many targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and
+// one-row sequences, several tiles per CTA, every bucket, and d != d_v routed to sm80. The workspace: a
+// caller's (dirty, reused across calls), none when tiles are scheduled statically, too small.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -171,6 +171,51 @@ TEST_F(Sm90Forward, KeyBlockWidths) {
     cfg.causal = true;
     check_forward(cfg);
   }
+}
+
+// Softmax d 64 over long rows (4096 keys or more, 1024 without a mask) runs 192-row tiles on three consumer
+// warpgroups (Sm90Forward::long_rows): query lengths that are no multiple of 192 (one row, one short of a tile,
+// one past it, two tiles and a row), causal with s_q < s_k and s_q > s_k (the first rows see no key), GQA,
+// fp16, varlen with empty and one-row sequences, and more tiles than SMs (static and through the dynamic
+// handoff), so the pingpong turn goes round the three warpgroups across tiles.
+TEST_F(Sm90Forward, ThreeWarpGroupTiles) {
+  if (!auto_picks_sm90(softmax_fixed(DType::kBFloat16, 1, 1, 1, 64, 64, 64))) {
+    ADD_FAILURE() << "no sm90 d 64 kernel in this build (CUTEATTN_HDIMS); not tested";
+    return;
+  }
+  for (int64_t s : {1, 191, 193, 385}) {
+    for (bool causal : {false, true}) {
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, 64, s, 4224);
+      cfg.causal = causal;
+      check_forward(cfg);
+    }
+  }
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 1, 1, 64, 4417, 4224);
+  cfg.causal = true;
+  check_forward(cfg);
+  cfg = softmax_fixed(DType::kFloat16, 2, 3, 3, 64, 577, 1100);
+  check_forward(cfg);
+  for (bool causal : {false, true}) {
+    cfg = softmax_varlen(DType::kBFloat16, {0, 1, 191, 0, 193, 385, 1}, {4224, 7, 0, 1, 4100, 385, 1}, 4, 2, 64);
+    cfg.causal = causal;
+    check_forward(cfg);
+  }
+  cfg = softmax_fixed(DType::kBFloat16, 1, 70, 70, 64, 200, 1100);
+  check_forward(cfg);
+  std::vector<int32_t> lengths_q, lengths_k;
+  for (int i = 0; i < 40; ++i) {
+    lengths_q.push_back(i % 7 == 3 ? 0 : 193 + 37 * (i % 3));
+    lengths_k.push_back(i == 5 ? 4224 : 100 + 61 * (i % 4));
+  }
+  cfg = softmax_varlen(DType::kFloat16, lengths_q, lengths_k, 2, 1, 64);
+  cfg.causal = true;
+  check_forward(cfg);
+}
+
+// A small case of the three-warpgroup kernel for compute-sanitizer (scripts/gpu-sanitize): varlen (dynamic
+// handoff) over 1100 keys, two query tiles in one sequence, GQA.
+TEST_F(Sm90Forward, ThreeWarpGroupTilesSanitize) {
+  check_forward(softmax_varlen(DType::kBFloat16, {200, 7}, {1100, 300}, 4, 2, 64));
 }
 
 // Softmax d 128 over 4096 keys or more runs the wide-key kernel (kBlockN 176, no TMA-store epilogue, one Q
