@@ -154,7 +154,7 @@ Status resolve_gpu_backend(const Params& p, bool backward, Backend* chosen) {
   if (!guard.status().ok()) return guard.status();
   const KernelEntry* entry = nullptr;
   const bool hopper = DeviceProperties::of(p.device_index).compute_capability == 90;
-  if (hopper && find_entry(p, Backend::kSm90, backward, &entry).ok()) {
+  if (hopper && find_entry(p, Backend::kSm90, backward, &entry).ok() && entry->auto_dispatch) {
     *chosen = Backend::kSm90;
     return Status::Ok();
   }

@@ -25,6 +25,9 @@ struct KernelEntry {
   size_t (*workspace_bytes)(const Params& params) = nullptr;
   // Enqueue the kernel(s) on params.stream. `workspace` has workspace_bytes(params) bytes.
   Status (*launch)(const Params& params, void* workspace) = nullptr;
+  // Whether `auto` dispatch may pick this instance; false where another family runs its calls faster (an
+  // explicit backend still gets it).
+  bool auto_dispatch = true;
 };
 
 // Null when the instance was not compiled into this build.

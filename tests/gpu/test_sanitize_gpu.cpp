@@ -57,5 +57,7 @@ TEST(Sanitize, Sm90ForwardHstu) {
   check_forward_on_device(cfg, Backend::kSm90);
 }
 
+TEST(Sanitize, Sm90BackwardSoftmax) { check_backward_on_device(small_softmax(128), Backend::kSm90); }
+
 }  // namespace
 }  // namespace cuteattn::test

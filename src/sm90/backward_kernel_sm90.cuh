@@ -1,0 +1,358 @@
+// The sm90 backward main kernel (softmax), FlashAttention-3 class: one CTA per (key block, kv head, batch
+// entry). Warp 0 (the producer) loads the key block's K and V once by TMA, then streams the Q and dO tiles of
+// the query blocks that see it, for every query head of the kv head, through a two-stage TMA ring. Two
+// consumer warpgroups recompute S = Q K^T and dP = dO V^T with wgmma, form P = exp2(S scale_log2 - LSE_log2)
+// and dS = P (dP - D) (softcap: times its derivative; the element mask on edge tiles only), store P and dS to
+// shared memory, and issue dV += P^T dO (as soon as P is stored: it runs while dS is formed), then dQ = dS K
+// and dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by a TMA reduce-add.
+// dS leaves out the softmax scale: dK gets it in the epilogue, dQ in the conversion kernel.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "core/params.h"
+#include "sm90/backward_traits_sm90.cuh"
+#include "sm90/mainloop_sm90.cuh"
+#include "sm90/softmax_sm90.cuh"
+#include "variants/mask.h"
+#include "variants/sequence.h"
+
+namespace cuteattn::sm90 {
+
+template <class Traits>
+struct BackwardKernelParams {
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+  typename Traits::TmadQ tma_dq;
+  typename Traits::ShapedQ shape_dq;   // (total_q, kHeadDim, h)
+  typename Traits::ShapeRows shape_q;  // (rows_q, d, h, b)
+  typename Traits::ShapeRows shape_k;  // (rows_k, d, h_k, b)
+  detail::Params params;
+  const float* dsum;   // D = rowsum(dO * O), indexed like LSE
+  int heads_per_kv;    // h / h_k
+  float scale_log2;    // softcap off: scale * log2(e); on: softcap * log2(e) (the score is softcap * tanh(...))
+  float scale_over_cap;  // softcap on: scale / softcap
+};
+
+// The query blocks that see key block n0 of a sequence: [m_begin, m_end).
+template <int kBlockM, int kBlockN>
+CUTE_DEVICE void query_blocks(detail::Mask const& mask, int64_t n0, int& m_begin, int& m_end) {
+  const detail::Range rows = mask.row_range(n0, n0 + kBlockN);
+  m_begin = rows.empty() ? 0 : int(rows.begin / kBlockM);
+  m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    backward_kernel_sm90(CUTE_GRID_CONSTANT BackwardKernelParams<Traits> const kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  using PipelineQdO = typename Traits::PipelineQdO;
+  using PipelineState = typename PipelineQdO::PipelineState;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kNumMmaThreads = Traits::kNumMmaThreads;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  const detail::Params& p = kp.params;
+  const int n_block = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int bi = blockIdx.z;
+  const detail::SequenceInfo seq = detail::SequenceInfo::of(p, bi);
+  const int64_t n0 = int64_t(n_block) * kBlockN;
+  if (n0 >= seq.sk) return;
+  detail::Mask mask = detail::Mask::of(p, seq, bi);
+  mask.n_ctx = 0;  // softmax masks are windows only: the contextual and target paths drop out
+  mask.hist = seq.sk;
+  mask.group = 1;
+  int m_begin, m_end;
+  query_blocks<kBlockM, kBlockN>(mask, n0, m_begin, m_end);
+  const int m_count = m_end - m_begin;
+  const int steps = m_count * kp.heads_per_kv;  // (query head of the group, query block), head-major
+
+  extern __shared__ char smem[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
+    ss.barrier_kv.init(1);
+  }
+  typename PipelineQdO::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kTmaBytesQdO;
+  pipeline_params.role = warp_group == 0 ? PipelineQdO::ThreadCategory::Producer : PipelineQdO::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = kNumMmaThreads;
+  PipelineQdO pipeline(ss.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  const int batch = p.varlen ? 0 : bi;
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp_idx != 0) return;
+    cute::Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);    // (rows_q, d, h, b)
+    cute::Tensor mdO = kp.tma_do.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
+    cute::Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);    // (rows_k, d, h_k, b)
+    cute::Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_k);    // (rows_k, d, h_k, b)
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});      // (kBlockM, kHeadDim, kStages)
+    cute::Tensor sdO = cute::make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdO{});  // (kBlockM, kHeadDim, kStages)
+    cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});       // (kBlockN, kHeadDim)
+    cute::Tensor sV = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});       // (kBlockN, kHeadDim)
+    cute::Tensor gK = local_tile(domain_offset(make_coord(int(seq.k_start), _0{}), mK(_, _, kv_head, batch)),
+                                 Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (kBlockN, kHeadDim)
+    cute::Tensor gV = local_tile(domain_offset(make_coord(int(seq.k_start), _0{}), mV(_, _, kv_head, batch)),
+                                 Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (kBlockN, kHeadDim)
+    auto k_part = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto v_part = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    const bool leader = cute::elect_one_sync();
+    if (leader) {
+      ss.barrier_kv.arrive_and_expect_tx(Traits::kTmaBytesKV);
+      copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(k_part), get<1>(k_part));
+      copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(v_part), get<1>(v_part));
+    }
+    for (int step = 0; step < steps; ++step) {
+      const int head = kv_head * kp.heads_per_kv + step / m_count;
+      const int m = m_begin + step % m_count;
+      cute::Tensor gQ = local_tile(domain_offset(make_coord(int(seq.q_start), _0{}), mQ(_, _, head, batch)),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));  // (kBlockM, kHeadDim)
+      cute::Tensor gdO = local_tile(domain_offset(make_coord(int(seq.q_start), _0{}), mdO(_, _, head, batch)),
+                                    Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));  // (kBlockM, kHeadDim)
+      auto q_part = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto do_part = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      // The write position of step `step`; the producer's start phase is 1: the ring starts empty.
+      const PipelineState write(step % kStages, ((step / kStages) & 1) ^ 1, step);
+      pipeline.producer_acquire(write);
+      if (leader) {
+        copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), get<0>(q_part), get<1>(q_part)(_, write.index()));
+        copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), get<0>(do_part),
+             get<1>(do_part)(_, write.index()));
+      }
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+    const int tid = int(threadIdx.x) - 128;
+    typename Traits::TiledMmaSdP tiled_mma_sdp;
+    typename Traits::TiledMmadKV tiled_mma_dkv;
+    typename Traits::TiledMmadQ tiled_mma_dq;
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tid);
+    auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tid);
+    auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tid);
+
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim, kStages)
+    cute::Tensor sQt = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM, kStages)
+    cute::Tensor sdO = cute::make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdO{});  // (kBlockM, kHeadDim, kStages)
+    cute::Tensor sdOt = cute::make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutQt{}); // (kHeadDim, kBlockM, kStages)
+    cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});       // (kBlockN, kHeadDim)
+    cute::Tensor sKt = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});     // (kHeadDim, kBlockN)
+    cute::Tensor sV = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});       // (kBlockN, kHeadDim)
+    cute::Tensor sP = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutPdS{});     // (kBlockM, kBlockN, 2)
+    cute::Tensor sPt = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutPdSt{});   // (kBlockN, kBlockM, 2)
+    cute::Tensor sdS = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdS{});   // (kBlockM, kBlockN, 2)
+    cute::Tensor sdSt = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdSt{}); // (kBlockN, kBlockM, 2)
+
+    cute::Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ);      // (MMA, MMA_M, MMA_K, kStages)
+    cute::Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);      // (MMA, MMA_N, MMA_K)
+    cute::Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO);   // (MMA, MMA_M, MMA_K, kStages)
+    cute::Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);     // (MMA, MMA_N, MMA_K)
+    cute::Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPt);   // (MMA, MMA_M, MMA_K, 2)
+    cute::Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt); // (MMA, MMA_N, MMA_K, kStages)
+    cute::Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdSt); // (MMA, MMA_M, MMA_K, 2)
+    cute::Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K, kStages)
+    cute::Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, 2)
+    cute::Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);    // (MMA, MMA_N, MMA_K)
+
+    typename Traits::SmemCopyPdS smem_copy_pds;
+    auto thr_copy_pds = smem_copy_pds.get_thread_slice(tid);
+    cute::Tensor tPsP = thr_copy_pds.partition_D(sP);     // (CPY, CPY_M, CPY_N, 2)
+    cute::Tensor tdSsdS = thr_copy_pds.partition_D(sdS);  // (CPY, CPY_M, CPY_N, 2)
+
+    cute::Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});   // (kBlockM, kBlockN)
+    cute::Tensor tScS = thr_mma_sdp.partition_C(cS);                                 // (MMA, MMA_M, MMA_N)
+    cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
+    constexpr int kRows = decltype(size<0>(c_rc))::value;
+    constexpr int kCols = decltype(size<1>(c_rc))::value;
+    cute::Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, kHeadDim)
+    cute::Tensor tdKVcdKV = thr_mma_dkv.partition_C(cKV);                            // (MMA, MMA_M, MMA_N)
+
+    const int wg = tid / 128;
+    const BwdBarrier wg_barrier = wg == 0 ? BwdBarrier::kWarpGroup0 : BwdBarrier::kWarpGroup1;
+    cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
+    typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
+
+    cute::Tensor tdVrdV = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+    cute::Tensor tdKrdK = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+    clear(tdVrdV);
+    clear(tdKrdK);
+
+    const int d = int(p.head_dim);
+    const bool softcap = p.softcap > 0.0f;
+    const int dq_row_base = int(p.varlen ? seq.q_start : int64_t(bi) * p.seqlen_q);
+
+    // LSE (log2 units; +inf where a row sees no key or lies past the sequence, so its P is 0) and D of this
+    // thread's rows in step `step`: read one step ahead, while the step before runs.
+    float lse2[kRows], dsum[kRows];
+    auto load_row_stats = [&](int step) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        lse2[r] = INFINITY;
+        dsum[r] = 0.0f;
+      }
+      if (step >= steps) return;
+      const int head = kv_head * kp.heads_per_kv + step / m_count;
+      const int64_t m0 = int64_t(m_begin + step % m_count) * kBlockM;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t i = m0 + get<0>(c_rc(r, 0));
+        if (i < seq.sq) {
+          const int64_t idx = seq.lse_index(p, bi, head, i);
+          const float lse = p.lse[idx];
+          lse2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+          dsum[r] = kp.dsum[idx];
+        }
+      }
+    };
+    load_row_stats(0);
+
+    ss.barrier_kv.wait(0);
+    PipelineState read;
+    for (int step = 0; step < steps; ++step) {
+      const int head = kv_head * kp.heads_per_kv + step / m_count;
+      const int64_t m0 = int64_t(m_begin + step % m_count) * kBlockM;
+      const int buf = step & 1;
+      const int stage = read.index();
+
+      pipeline.consumer_wait(read);
+      cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
+      cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+      warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, true);
+      warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tdPrdP, true);
+      warpgroup_wait<1>();
+
+      // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole.
+      cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float x = softcap ? tanhf(s_rc(r, c) * kp.scale_over_cap) : s_rc(r, c);
+          s_rc(r, c) = exp2f(x * kp.scale_log2 - lse2[r]);
+        }
+      }
+      if (!mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          detail::Range keys, unused;
+          detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
+          const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const int j = get<1>(c_rc(r, c));
+            if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
+          }
+        }
+      }
+      cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+      convert_fragment(tSrS, rP);
+      copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, buf));
+      // dV of this warpgroup's keys reads only the P columns it wrote: it starts once they are visible to wgmma.
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
+      warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, stage), tdVrdV, false);
+
+      // dS = P (dP - D), with P as rounded for dV; softcap: times 1 - t^2, t = tanh(...) recovered from P.
+      warpgroup_wait<1>();
+      cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));          // (rows, cols)
+      cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float prob = static_cast<float>(p_rc(r, c));
+          float ds = prob * (dp_rc(r, c) - dsum[r]);
+          if (softcap) {
+            const float t = (log2f(prob) + lse2[r]) / kp.scale_log2;
+            ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;
+          }
+          dp_rc(r, c) = ds;
+        }
+      }
+      cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
+      convert_fragment(tdPrdP, rdS);
+      copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
+      // The dQ staging tile is free again once the previous step's reduce-add has read it; the barrier tells
+      // the warpgroup.
+      if (tid % 128 == 0) tma_store_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
+
+      cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+      warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ, true);
+      warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
+      load_row_stats(step + 1);
+      warpgroup_wait<1>();
+      // dQ of the tile's 64 rows into the workspace: rows past the sequence and columns past d hold exact zeros
+      // (P and K are zero there), so the whole tile is added.
+      {
+        // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
+        // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
+        const int t = consumer_thread_index<true>();
+        cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
+        // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+        CUTE_UNROLL
+        for (int e = 0; e < size(tdQrdQ); e += 2) {
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
+                       "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
+                       : "memory");
+        }
+      }
+      tma_store_fence();
+      cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
+      if (tid % 128 == 0) {
+        cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
+        cute::Tensor gdQ = local_tile(domain_offset(make_coord(dq_row_base + int(m0), _0{}), mdQ(_, _, head)),
+                                      Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, wg));  // (kBlockM, kdQCols)
+        auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+        copy(kp.tma_dq, get<1>(dq_part)(_, wg), get<0>(dq_part));
+        tma_store_arrive();
+      }
+      warpgroup_wait<0>();
+      pipeline.consumer_release(read);
+      ++read;
+    }
+    if (tid % 128 == 0) tma_store_wait<0>();  // the last reduce-add has read the staging tile
+
+    // dK (times the softmax scale) and dV in the input dtype; column pairs as one store.
+    using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
+    Element* dk_block = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0, kv_head);
+    Element* dv_block = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0, kv_head);
+    CUTE_UNROLL
+    for (int e = 0; e < size(tdKrdK); e += 2) {
+      const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
+      if (n0 + r >= seq.sk || c >= d) continue;
+      Element dk_pair[2] = {static_cast<Element>(tdKrdK(e) * p.scale), static_cast<Element>(tdKrdK(e + 1) * p.scale)};
+      Element dv_pair[2] = {static_cast<Element>(tdVrdV(e)), static_cast<Element>(tdVrdV(e + 1))};
+      *reinterpret_cast<Pair*>(dk_block + r * p.dk.row_stride + c) = *reinterpret_cast<Pair const*>(dk_pair);
+      *reinterpret_cast<Pair*>(dv_block + r * p.dv.row_stride + c) = *reinterpret_cast<Pair const*>(dv_pair);
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma/TMA: never launched (supports() needs sm_90a)
+#endif
+}
+
+}  // namespace cuteattn::sm90

@@ -1,0 +1,159 @@
+// Entry point of the sm90 backward family (what the generated instances instantiate): which problems an
+// instance serves, the workspace it needs, and the launch sequence
+//   D = rowsum(dO * O) -> main dK/dV/dQ kernel (backward_kernel_sm90.cuh) -> dQ conversion,
+// the small kernels being the sm80 backward's (sm80/backward_aux_sm80.cuh).
+// Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim) and D (indexed like LSE).
+// Softmax, fp16/bf16, d == d_v <= 128 only; everything else (deterministic mode, HSTU, d != d_v, larger head
+// dims) is refused here and runs on the sm80 backward (dispatch falls back when `supports` refuses).
+#pragma once
+
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <cute/tensor.hpp>
+
+#include "core/device_properties.h"
+#include "core/params.h"
+#include "cuteattn/attention.h"
+#include "sm80/backward_aux_sm80.cuh"
+#include "sm90/backward_kernel_sm90.cuh"
+#include "sm90/backward_traits_sm90.cuh"
+
+namespace cuteattn::detail {
+
+template <ScoreFunction kScore, DType kDType, int kHeadDim>
+struct Sm90Backward {
+  static_assert(kScore == ScoreFunction::kSoftmax, "sm90 backward: softmax only (HSTU runs on sm80)");
+  using Traits = sm90::BackwardTraitsSm90<kDType, kHeadDim>;
+  using Element = typename Traits::Element;
+
+  struct Plan {
+    size_t dq_offset = 0, dq_elems = 0, dsum_offset = 0, total = 0;
+  };
+  static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
+  static Plan plan(const Params& p) {
+    Plan pl;
+    pl.dq_elems = size_t(p.total_q) * size_t(p.heads) * kHeadDim;
+    pl.dsum_offset = align_up(pl.dq_elems * sizeof(float));
+    pl.total = align_up(pl.dsum_offset + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
+    return pl;
+  }
+
+  static Status supports(const Params& p) {
+    auto refuse = [](const char* why) {
+      return Status::NotSupported(std::string("sm90 backward (softmax, head dim ") + std::to_string(kHeadDim) +
+                                  "): " + why);
+    };
+    if (p.score != kScore) return refuse("score function mismatch (HSTU runs on the sm80 backward)");
+    if (p.dtype != kDType) return refuse("dtype mismatch");
+    if (p.deterministic) return refuse("no deterministic mode (the sm80 backward serves deterministic calls)");
+    if (p.head_dim != p.head_dim_v) return refuse("needs d == d_v (the sm80 backward serves d != d_v)");
+    if (p.head_dim > kHeadDim || p.head_dim % 8 != 0) return refuse("needs d <= bucket and d % 8 == 0");
+    if (!(p.scale > 0.0f)) return refuse("needs softmax_scale > 0");
+    if (p.num_contexts != nullptr || p.num_targets != nullptr) return refuse("contextual/target masks are HSTU only");
+    // TMA descriptors need a non-empty Q; without query rows the sm80 backward writes the zero dK and dV.
+    if (p.total_q == 0) return refuse("no query rows");
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31) || p.heads >= (int64_t(1) << 31))
+      return refuse("sizes beyond 32-bit TMA coordinates");
+    if (p.batch > 65535 || p.heads_k > 65535) return refuse("batch or kv heads above 65535");
+    // TMA loads and 16-byte vector accesses: 16-byte aligned base and 16-byte multiple strides.
+    auto aligned = [](const RowMajorView& t) {
+      constexpr int64_t kVec = 16 / sizeof(Element);
+      return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % kVec == 0 && t.head_stride % kVec == 0 &&
+             t.batch_stride % kVec == 0;
+    };
+    for (const RowMajorView* t : {&p.q, &p.k, &p.v, &p.o, &p.dout, &p.dk, &p.dv})
+      if (!aligned(*t)) return refuse("needs 16-byte aligned pointers and strides");
+    if (DeviceProperties::of(p.device_index).smem_optin < Traits::kSmemBytes)
+      return refuse("the device has too little shared memory");
+    return Status::Ok();
+  }
+
+  static size_t workspace_bytes(const Params& p) { return plan(p).total; }
+
+  static Status launch(const Params& p, void* workspace) {
+    using namespace cute;
+    Status s = supports(p);
+    if (!s.ok()) return s;
+    const Plan pl = plan(p);
+    auto stream = static_cast<cudaStream_t>(p.stream);
+    char* ws = static_cast<char*>(workspace);
+    float* dq_accum = reinterpret_cast<float*>(ws + pl.dq_offset);
+    float* dsum = reinterpret_cast<float*>(ws + pl.dsum_offset);
+    auto fail = [](const char* what, cudaError_t err) {
+      return Status{StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(err)};
+    };
+
+    const int kAuxThreads = 256;
+    auto aux_blocks = [](int64_t work) { return int(std::clamp<int64_t>((work + 255) / 256, 1, 8192)); };
+    if (p.total_q > 0) {
+      cudaError_t err = cudaMemsetAsync(dq_accum, 0, pl.dq_elems * sizeof(float), stream);
+      if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
+      sm80_bwd::dot_do_o_kernel<Element, kHeadDim>
+          <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, dsum);
+    }
+
+    const int n_blocks = int((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
+    if (n_blocks > 0 && p.batch > 0 && p.heads_k > 0) {
+      const int rows_q = int(p.varlen ? p.total_q : p.seqlen_q);
+      const int rows_k = int(p.varlen ? p.total_k : p.seqlen_k);
+      const int batches = p.varlen ? 1 : int(p.batch);
+      // A stride of an extent-1 mode is never used; TMA still wants it 16-byte aligned.
+      auto stride_of = [](int64_t extent, int64_t stride, int64_t fallback) { return extent == 1 ? fallback : stride; };
+      auto make_view = [&](const RowMajorView& t, int rows, int64_t heads) {
+        const int64_t big = int64_t(rows) * t.row_stride;
+        return cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(t.ptr)),
+                                 make_shape(rows, int(p.head_dim), int(heads), batches),
+                                 make_stride(t.row_stride, _1{}, stride_of(heads, t.head_stride, big),
+                                             stride_of(batches, t.batch_stride, big)));
+      };
+      auto tile_q = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{};
+      auto tile_k = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{};
+      auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
+      auto dq_view = cute::make_tensor(make_gmem_ptr(dq_accum), make_shape(int(p.total_q), kHeadDim, int(p.heads)),
+                                       make_stride(p.heads * kHeadDim, _1{}, int64_t(kHeadDim)));
+      sm90::BackwardKernelParams<Traits> kp{
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads), smem_q, tile_q, _1{}),
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.dout, rows_q, p.heads), smem_q, tile_q, _1{}),
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k), typename Traits::SmemLayoutK{}, tile_k,
+                        _1{}),
+          make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k), typename Traits::SmemLayoutV{}, tile_k,
+                        _1{}),
+          make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
+                        Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{}),
+          dq_view.shape(),
+          make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
+          make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
+          p,
+          dsum,
+          int(p.heads / p.heads_k),
+          float(p.softcap > 0.0f ? p.softcap : p.scale) * float(M_LOG2E),
+          p.softcap > 0.0f ? p.scale / p.softcap : 0.0f};
+      auto kernel = sm90::backward_kernel_sm90<Traits>;
+      cudaError_t err = opt_in_shared_memory<Traits>(kernel, Traits::kSmemBytes, p.device_index);
+      if (err != cudaSuccess) return fail("cudaFuncSetAttribute", err);
+      kernel<<<dim3(unsigned(n_blocks), unsigned(p.heads_k), unsigned(p.batch)), Traits::kNumThreads,
+               Traits::kSmemBytes, stream>>>(kp);
+    }
+
+    if (p.total_q > 0) {
+      sm80_bwd::convert_dq_kernel<Element, kHeadDim><<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads,
+                                                        0, stream>>>(p, dq_accum, int64_t(pl.dq_elems), 1, p.scale);
+    }
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return fail("launch", err);
+    return Status::Ok();
+  }
+};
+
+}  // namespace cuteattn::detail

@@ -1,0 +1,140 @@
+// Compile-time shape of the sm90 backward kernel for one (element type, head dim): tile sizes, thread roles,
+// shared-memory layouts, TMA copy types and the five warpgroup MMAs of one (query block, key block) step
+//   S = Q K^T, dP = dO V^T          (64 query rows x 128 keys; warpgroup w takes keys [64 w, 64 w + 64))
+//   dV += P^T dO, dK += dS^T Q      (128 keys x d; warpgroup w takes the same 64 keys)
+//   dQ = dS K                       (64 query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2))
+// all from shared memory: P and dS go there as 16-bit tiles (two buffers each, so one step's writes never meet
+// the other warpgroup's reads of the step before). dQ leaves through an fp32 staging tile and a TMA reduce-add.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuteattn/types.h"
+#include "sm90/kernel_traits_sm90.cuh"
+
+namespace cuteattn::sm90 {
+
+using namespace cute;
+
+// The named barriers of the backward kernel (ids above CUTLASS's reserved ones, like FwdBarrier's).
+enum class BwdBarrier : uint32_t {
+  kPdSWritten = 0,   // both consumer warpgroups: this step's P and dS tiles are in shared memory
+  kWarpGroup0 = 1,   // consumer warpgroup 0 alone: its P columns, then its dQ columns, are in shared memory
+  kWarpGroup1 = 2,   // the same for warpgroup 1
+};
+
+// Shared memory, kBlockM = 64, kBlockN = 128, two Q/dO stages:
+//   2 x (Q + dO) (64 x d each) + K + V (128 x d each) + 2 x (P + dS) (64 x 128 each), 16-bit; dQ 64 x d fp32
+//   d  64:  32 + 32 + 64 + 16 KB = 144 KB
+//   d 128:  64 + 64 + 64 + 32 KB = 224 KB
+// Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (32 fp32 each), dQ (d / 4).
+template <DType kDType, int kHeadDim_>
+struct BackwardTraitsSm90 {
+  using Element = ElementOf<kDType>;
+  using ElementAccum = float;
+
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head dims 64 and 128");
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kNumMmaWarpGroups = 2;
+  static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0: one TMA producer warp
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  using AtomSplitN = Layout<Shape<_1, Int<kNumMmaWarpGroups>, _1>>;  // warpgroups split N
+  using AtomSplitM = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;  // warpgroups split M
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum,
+                           Shape<_64, Int<kBlockN / kNumMmaWarpGroups>, Int<kHeadDim>>>(),
+      AtomSplitN{}));
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      AtomSplitM{}));
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum,
+                           Shape<_64, Int<kHeadDim / kNumMmaWarpGroups>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomSplitN{}));
+  static_assert(decltype(size<1>(typename TiledMmaSdP::AtomShape_MNK{}))::value == kBlockN / kNumMmaWarpGroups &&
+                    decltype(size<1>(typename TiledMmadKV::AtomShape_MNK{}))::value == kHeadDim &&
+                    decltype(size<1>(typename TiledMmadQ::AtomShape_MNK{}))::value == kHeadDim / kNumMmaWarpGroups,
+                "wgmma N narrower than the tile");
+
+  using SmemAtomQ = SmemAtomKMajor<Element, kHeadDim>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutdO = SmemLayoutQ;
+  // Q^T and dO^T (d, rows, stage): the same bytes, MN-major B operands of dK and dV.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // K^T (d, keys): the B operand of dQ = dS K.
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // P and dS (rows, keys, buffer), keys contiguous: dS is the K-major A operand of dQ; P^T and dS^T (keys, rows,
+  // buffer) the MN-major A operands of dV and dK.
+  using SmemLayoutPdS =
+      decltype(tile_to_shape(SmemAtomKMajor<Element, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutPdSt = decltype(composition(
+      SmemLayoutPdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  // Register -> shared stores of P and dS: stmatrix of 8x8 16-bit matrices, four per instruction.
+  using SmemCopyPdS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaSdP{}));
+
+  // The dQ staging tile: (rows, columns of a warpgroup, warpgroup), 128-byte swizzled fp32 (conflict-free
+  // enough for the accumulator's column pairs); TMA adds each warpgroup's part into the fp32 dQ workspace.
+  static constexpr int kdQCols = kHeadDim / kNumMmaWarpGroups;
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{},
+                                              Shape<Int<kBlockM>, Int<kdQCols>, Int<kNumMmaWarpGroups>>{}));
+  // One warpgroup's share of dQ = dS K: the register fragment of every consumer thread has this layout too.
+  using TiledMmadQWarpGroup = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdQCols>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
+
+  // Global views handed to TMA: (rows, d, heads, batch) with 64-bit strides; varlen uses rows = total, batch 1.
+  using ShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideRows = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor =
+      decltype(cute::make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeRows{}, StrideRows{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+
+  // The fp32 dQ workspace as (total_q, kHeadDim, h).
+  using ShapedQ = Shape<int32_t, int32_t, int32_t>;
+  using GmemTensordQ = decltype(cute::make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapedQ{},
+                                                  Stride<int64_t, _1, int64_t>{}));
+  using TmadQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, GmemTensordQ{}, take<0, 2>(SmemLayoutdQ{}),
+                                       Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}));
+
+  static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using PipelineQdO = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdO>, 1024> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> p;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> ds;
+    alignas(1024) cute::array_aligned<ElementAccum, cosize_v<SmemLayoutdQ>, 1024> dq;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    alignas(16) typename PipelineQdO::SharedStorage pipeline_qdo;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm90 CTA exceeded");
+};
+
+}  // namespace cuteattn::sm90
