@@ -116,6 +116,24 @@ def _profiled(name: str, fn, *inputs):
     return fn(*inputs)
 
 
+def _eager_function(name: str, impl, setup_context, grads, impl_backward):
+    """An operator's autograd for plain eager calls, as an autograd.Function: the operator's implementation `impl`,
+    its `setup_context` and its gradients `grads(ctx, dout, impl_backward)` (dout: the first output's gradient; the
+    other outputs are not differentiable), without the dispatcher."""
+
+    def forward(ctx, *inputs):  # no separate setup_context: Function.apply would then bind arguments by signature
+        output = impl(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    @once_differentiable
+    def backward(ctx, dout, *unused_output_grads):
+        return grads(ctx, dout, impl_backward)
+
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return type(name, (torch.autograd.Function,), methods)
+
+
 def _vector_aligned(rab: Optional[Tensor]) -> Optional[Tensor]:
     """GPU kernels load rab rows with 16-byte vectors: a CUDA rab whose address or strides are not multiples of
     16 bytes (e.g. max_seqlen_k = 1023) is copied into a row-padded buffer for the call."""
@@ -238,19 +256,7 @@ def _fwd_grads(ctx, dout, backward):
 fwd.register_autograd(lambda ctx, dout, dlse: _fwd_grads(ctx, dout, bwd), setup_context=_fwd_setup_context)
 
 
-class _FlashFunction(torch.autograd.Function):
-    """fwd's autograd for plain eager calls: the same implementation, context and gradients, no dispatcher."""
-
-    @staticmethod
-    def forward(ctx, *inputs):  # no separate setup_context: Function.apply would then bind arguments by signature
-        output = _flash_forward(*inputs)
-        _fwd_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout, dlse):
-        return _fwd_grads(ctx, dout, _flash_backward)
+_FlashFunction = _eager_function("_FlashFunction", _flash_forward, _fwd_setup_context, _fwd_grads, _flash_backward)
 
 
 def flash_attention(*inputs):
@@ -372,19 +378,7 @@ def _hstu_grads(ctx, dout, backward):
 hstu_fwd.register_autograd(lambda ctx, dout: _hstu_grads(ctx, dout, hstu_bwd), setup_context=_hstu_setup_context)
 
 
-class _HstuFunction(torch.autograd.Function):
-    """hstu_fwd's autograd for plain eager calls: the same implementation, context and gradients, no dispatcher."""
-
-    @staticmethod
-    def forward(ctx, *inputs):  # no separate setup_context: Function.apply would then bind arguments by signature
-        output = _hstu_forward(*inputs)
-        _hstu_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        return _hstu_grads(ctx, dout, _hstu_backward)
+_HstuFunction = _eager_function("_HstuFunction", _hstu_forward, _hstu_setup_context, _hstu_grads, _hstu_backward)
 
 
 def hstu_attention(*inputs):

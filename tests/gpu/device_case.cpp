@@ -219,4 +219,11 @@ void check_backward_on_device(const CaseConfig& cfg, Backend backend, bool deter
   }
 }
 
+bool is_hopper() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major == 9;
+}
+
 }  // namespace cuteattn::test

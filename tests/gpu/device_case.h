@@ -2,7 +2,7 @@
 // the NaN poison the Case carries, so unwritten elements show), builds ForwardArgs/BackwardArgs whose data
 // pointers are those copies, and copies outputs back into the Case. Also the round trips the GPU suites run:
 // fresh random case, GPU forward (out and LSE) or backward (gradients, optionally repeated for determinism)
-// against the float64 oracle.
+// against the float64 oracle; and whether the device is a Hopper.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,6 +58,9 @@ class DeviceCase {
   Backend backend_;
   std::vector<Buffer> buffers_;
 };
+
+// Whether the current CUDA device is a Hopper (sm_90) GPU, which the sm90 kernels need.
+bool is_hopper();
 
 // Runs the forward of `backend` on a fresh random case of `cfg` through a DeviceCase (with `batch_stride`) and
 // checks out, and LSE for softmax, against the float64 oracle under the forward factor. The yardstick of fp32

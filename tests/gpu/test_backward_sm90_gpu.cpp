@@ -16,13 +16,6 @@
 namespace cuteattn::test {
 namespace {
 
-bool is_hopper() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  return major == 9;
-}
-
 void check_backward(const CaseConfig& cfg) { check_backward_on_device(cfg, Backend::kSm90); }
 
 class Sm90Backward : public ::testing::Test {
