@@ -1,8 +1,9 @@
 // Epilogue of the sm90 forward kernel: writes one consumer warpgroup's O rows; softmax normalises them first and
 // writes LSE (direct stores), HSTU writes O as accumulated. O goes through a shared-memory staging tile and a
 // TMA store where the traits have room for one (kStoreOWithTma) and the warpgroup's 64 rows lie inside the
-// sequence; otherwise (varlen tiles ending inside the next sequence, large head dims) straight from registers,
-// predicated on the sequence's rows. Also the O = 0 / LSE = -inf tile for rows that see no key.
+// sequence; otherwise (varlen tiles ending inside the next sequence, large head dims, packed GQA tiles whose rows
+// are (query row, head) pairs) straight from registers, predicated on the sequence's rows. Also the O = 0 /
+// LSE = -inf tile for rows that see no key.
 #pragma once
 
 #include <cmath>
@@ -44,8 +45,8 @@ struct ForwardEpilogueSm90 {
     cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const int64_t row = w.m0 + get<0>(tOcO_rc(r, 0));
-      if (row < w.seq.sq) p.lse[w.seq.lse_index(p, w.coord.batch, w.coord.head, row)] = lse[r];
+      const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
+      if (rh.row < w.seq.sq) p.lse[w.seq.lse_index(p, w.coord.batch, rh.head, rh.row)] = lse[r];
     }
   }
 
@@ -62,7 +63,7 @@ struct ForwardEpilogueSm90 {
         return;
       }
     }
-    store_from_registers(kp.params, w, tid, tOrOut);
+    store_from_registers(kp, w, tid, tOrOut);
   }
 
   // After a consumer thread's last tile: its warpgroup's last TMA store has read the staging tile (the shared
@@ -74,23 +75,25 @@ struct ForwardEpilogueSm90 {
   }
 
   // Rows that see no key: O = 0, LSE = -inf (SEMANTICS.md section 1).
-  CUTE_DEVICE static void store_empty(const detail::Params& p, TileWork const& w, int tid) {
+  template <class KernelParams>
+  CUTE_DEVICE static void store_empty(KernelParams const& kp, TileWork const& w, int tid) {
+    const detail::Params& p = kp.params;
     const int wg = tid / 128, t = tid % 128;
-    const int head = w.coord.head, batch = w.coord.batch;
+    const int batch = w.coord.batch;
     Element* o = static_cast<Element*>(p.o.ptr);
     // Not unrolled: unrolled, ptxas computed every chunk's (row, column) once before the persistent loop and
     // kept them for this rare path, which spilled.
 #pragma unroll 1
     for (int k = 0; k < kChunksPerThread; ++k) {
       const int idx = t + k * 128;
-      const int64_t grow = w.m0 + wg * kRowsPerWG + idx / kChunksPerRow;
+      const RowHead rh = row_head(kp, w, wg * kRowsPerWG, idx / kChunksPerRow);
       const int col = idx % kChunksPerRow * 8;
-      if (grow < w.seq.sq && col < p.head_dim_v)
-        *reinterpret_cast<uint128_t*>(o + w.seq.q_offset(p.o, batch, grow, head) + col) = uint128_t{0, 0};
+      if (rh.row < w.seq.sq && col < p.head_dim_v)
+        *reinterpret_cast<uint128_t*>(o + w.seq.q_offset(p.o, batch, rh.row, rh.head) + col) = uint128_t{0, 0};
     }
-    const int64_t row = w.m0 + wg * kRowsPerWG + t;
-    if (p.lse != nullptr && t < kRowsPerWG && row < w.seq.sq)
-      p.lse[w.seq.lse_index(p, batch, head, row)] = -INFINITY;
+    const RowHead rh = row_head(kp, w, wg * kRowsPerWG, t);
+    if (p.lse != nullptr && t < kRowsPerWG && rh.row < w.seq.sq)
+      p.lse[w.seq.lse_index(p, batch, rh.head, rh.row)] = -INFINITY;
   }
 
  private:
@@ -130,18 +133,19 @@ struct ForwardEpilogueSm90 {
 
   // Each thread writes its values' column pairs straight from registers: a quad covers 16 contiguous bytes of
   // a row.
-  template <class FragOut>
-  CUTE_DEVICE static void store_from_registers(const detail::Params& p, TileWork const& w, int tid,
+  template <class KernelParams, class FragOut>
+  CUTE_DEVICE static void store_from_registers(KernelParams const& kp, TileWork const& w, int tid,
                                                FragOut const& tOrOut) {
+    const detail::Params& p = kp.params;
     cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
     cute::Tensor tOrOut_rc = cute::make_tensor(tOrOut.data(), acc_rowcol(tOrOut.layout()));  // (rows, cols)
-    const int head = w.coord.head, batch = w.coord.batch;
+    const int batch = w.coord.batch;
     Element* o = static_cast<Element*>(p.o.ptr);
     CUTE_UNROLL
     for (int r = 0; r < size<0>(tOrOut_rc); ++r) {
-      const int64_t row = w.m0 + get<0>(tOcO_rc(r, 0));
-      if (row >= w.seq.sq) continue;
-      Element* o_row = o + w.seq.q_offset(p.o, batch, row, head);
+      const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
+      if (rh.row >= w.seq.sq) continue;
+      Element* o_row = o + w.seq.q_offset(p.o, batch, rh.row, rh.head);
       // Column pairs (c, c + 1) sit in consecutive values of one row.
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrOut_rc); c += 2) {
@@ -149,6 +153,22 @@ struct ForwardEpilogueSm90 {
         if (col < p.head_dim_v)
           *reinterpret_cast<uint32_t*>(o_row + col) = pack2(tOrOut_rc(r, c), tOrOut_rc(r, c + 1));
       }
+    }
+  }
+
+  // Query row (within the sequence) and query head of tile row first + i (packed GQA: unpack_row); unpacked
+  // the row is (m0 + first) + i in 64 bits.
+  struct RowHead {
+    int64_t row;
+    int head;
+  };
+  template <class KernelParams>
+  CUTE_DEVICE static RowHead row_head(KernelParams const& kp, TileWork const& w, int first, int i) {
+    if constexpr (Traits::kPackGqa) {
+      const PackedRow pr = unpack_row(w.coord.m_block * kBlockM + first + i, kp.heads_per_kv);
+      return {pr.row, w.coord.head * kp.heads_per_kv + pr.head_in_group};
+    } else {
+      return {w.m0 + first + i, w.coord.head};
     }
   }
 

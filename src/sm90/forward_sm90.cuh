@@ -1,7 +1,8 @@
 // sm90 (Hopper) forward kernel, FlashAttention-3 class: the kernel (warp-specialised: one TMA producer warp,
 // two or three consumer warpgroups with setmaxnreg, persistent over tiles) and its host side: what it supports,
 // the TMA descriptors and the launch. One kernel for both score functions: softmax (online softmax, LSE) and
-// HSTU (rab tile through TMA, SiLU, no normalisation), a compile-time branch on the traits' kHstu.
+// HSTU (rab tile through TMA, SiLU, no normalisation), a compile-time branch on the traits' kHstu; softmax GQA
+// with few query rows packs a kv head's query heads into one tile (kPackGqa, Sm90Forward::pack_gqa).
 // Instantiated by tools/generate_instances.py for sm_90a only.
 #pragma once
 
@@ -15,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cute/tensor.hpp>
@@ -52,6 +54,13 @@ struct ForwardKernelParams {
   typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
 };
 
+// The work of `tile`, planned alike by the producer and the consumers.
+template <class Traits>
+CUTE_DEVICE TileWork plan_tile(ForwardKernelParams<Traits> const& kp, int tile) {
+  return TileWork::plan<Traits::kBlockM, Traits::kBlockN, Traits::kHstu, Traits::kPackGqa>(
+      kp.params, kp.scheduler.decode(tile), kp.heads_per_kv);
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     forward_kernel_sm90(CUTE_GRID_CONSTANT ForwardKernelParams<Traits> const kp) {
@@ -74,7 +83,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     if (Traits::kStoreOWithTma) cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
     if (Traits::kHstu && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
-    for (int s = 0; s < Traits::kQueryStages; ++s) ss.barrier_q[s].init(1);
+    for (int s = 0; s < Traits::kQueryStages; ++s) ss.barrier_q[s].init(Traits::kPackGqa ? 32 : 1);
     TileHandoff<kNumMmaThreads>::init(ss.handoff);
   }
   typename PipelineKV::Params pipeline_params;
@@ -100,7 +109,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     uint32_t queries = 0;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
       const int claimed = TileHandoff<kNumMmaThreads>::producer_claim(kp.tile_counter, tile);
-      const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
+      const TileWork w = plan_tile(kp, tile);
       if (w.has_rows() && w.has_keys()) {
         const uint32_t loaded = progress >> 1;
         // A Q slot holds its last tile's Q until every consumer warpgroup finished that tile's last Q K^T.
@@ -125,23 +134,25 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     TileHandoff<kNumMmaThreads> handoff;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;
          tile = handoff.consumer_next(kp.tile_counter, ss.handoff, tile)) {
-      const TileWork w = TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(tile));
+      const TileWork w = plan_tile(kp, tile);
       if (!w.has_rows()) continue;
       // The thread's index read again for the tile and again for its epilogue: derived once, its row coordinates
       // stayed live across every tile and spilled (softmax d 256, HSTU d 96).
       const int tid = consumer_thread_index<Traits::kOpaqueThreadIndex>();
       if (!w.has_keys()) {
-        Epilogue::store_empty(kp.params, w, tid);
+        Epilogue::store_empty(kp, w, tid);
         continue;
       }
       const int q_slot = int(queries % Traits::kQueryStages);
       ss.barrier_q[q_slot].wait((queries / Traits::kQueryStages) & 1);
+      // Packed GQA: the cp.async writes of Q (generic proxy), visible to this thread's wgmmas (async proxy).
+      if constexpr (Traits::kPackGqa) cutlass::arch::fence_view_async_shared();
       ++queries;
       // The epilogue's view of the tile: planned again from the tile index where registers are short
       // (Traits::kReplanEpilogue), so the sequence and coordinates are not kept live across the mainloop.
       auto epilogue_work = [&]() {
         if constexpr (Traits::kReplanEpilogue) {
-          return TileWork::plan<kBlockM, kBlockN, Traits::kHstu>(kp.params, kp.scheduler.decode(opaque_copy(tile)));
+          return plan_tile(kp, opaque_copy(tile));
         } else {
           return w;
         }
@@ -252,9 +263,45 @@ struct Sm90Forward {
            p.seqlen_k >= (p.window_right >= 0 ? kLongRowsMinSeqlenCausal : kLongRowsMinSeqlen);
   }
 
+  // GQA with few query rows per head (decode, speculative verification, chunked prefill) packs the g = h / h_k
+  // query heads of a kv head into the rows of one tile (ForwardTraitsSm90's kPackGqa): the tile fills and K/V
+  // are read once per kv head instead of once per query head. Packed where s_q <= 128 and the packed 128-row
+  // tiles compute at least 1/8 fewer rows than the unpacked kernel's tiles (each head's s_q rounded up to 128
+  // rows, or 192 where long_rows): s_q <= 64 (g 2), 96 (g 4), 112 (g 8 and 16), and every s_q <= 128 with
+  // 192-row tiles. H100 bf16, b 8, h 32, h_k 4 and 8, s_k 4096 and 16384, causal or not, packed vs unpacked:
+  // s_q 1, 16, 64: 1.5-1.9x faster at d 128, 2.1-2.5x at d 64; s_q 128 (no fewer rows at d 128): 0.89-1.08x at
+  // d 128, but 1.16-1.43x at d 64 over the 192-row tiles. Environment CUTEATTN_SM90_PACK_GQA=0 / 1 forces it
+  // off / on (where g > 1): A/B timing (bench/gqa_short_queries.py), and the tests' packed tiles over long
+  // query ranges.
+  static constexpr bool kHasPackGqa = !kHstu && (kHeadDim == 64 || kHeadDim == 128);
+  static bool pack_gqa(const Params& p) {
+    if (!kHasPackGqa || p.heads_k >= p.heads) return false;
+    const int64_t g = p.heads / p.heads_k;
+    // Packed row indices and the tile count stay 32-bit.
+    const int64_t packed_rows = p.seqlen_q * g;
+    constexpr int64_t kBlockM = Traits::kBlockM;  // the packed kernel's too
+    if (packed_rows + kBlockM >= (int64_t(1) << 31) ||
+        (packed_rows + kBlockM - 1) / kBlockM * p.heads_k * p.batch >= (int64_t(1) << 31))
+      return false;
+    // Read on every call (tests switch it between calls).
+    const char* forced = std::getenv("CUTEATTN_SM90_PACK_GQA");
+    if (forced != nullptr && forced[0] != '\0') return forced[0] != '0';
+    if (p.seqlen_q > kBlockM) return false;  // longer query rows: not measured
+    const int64_t unpacked_block =
+        long_rows(p) ? 64 * sm90::forward_tile_config(kHeadDim, false, false, true).mma_warpgroups : kBlockM;
+    const int64_t unpacked = g * ((p.seqlen_q + unpacked_block - 1) / unpacked_block * unpacked_block);
+    const int64_t packed = (packed_rows + kBlockM - 1) / kBlockM * kBlockM;
+    return 8 * packed <= 7 * unpacked;
+  }
+
   static Status launch(const Params& p, void* workspace) {
     Status s = supports(p);
     if (!s.ok()) return s;
+    if constexpr (kHasPackGqa) {
+      if (pack_gqa(p)) {
+        return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, false, false, true>>(p, workspace);
+      }
+    }
     if constexpr (kHasWideKeys) {
       if (wide_keys(p)) return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, true>>(p, workspace);
     }
@@ -310,14 +357,17 @@ struct Sm90Forward {
     // Dispatch made p.device_index current.
     const DeviceProperties device = DeviceProperties::of(p.device_index);
 
+    // Packed GQA: tiles over (packed m block, kv head, batch), each kv head's K/V read by its own tiles only.
+    const int64_t tile_rows = T::kPackGqa ? p.seqlen_q * (p.heads / p.heads_k) : p.seqlen_q;
+    const int64_t tile_heads = T::kPackGqa ? p.heads_k : p.heads;
     sm90::TileScheduler& sch = kp.scheduler;
-    sch.num_m_blocks = int((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-    sch.heads = int(p.heads);
-    sch.num_bh = int(p.heads * p.batch);
+    sch.num_m_blocks = int((tile_rows + T::kBlockM - 1) / T::kBlockM);
+    sch.heads = int(tile_heads);
+    sch.num_bh = int(tile_heads * p.batch);
     sch.num_tiles = sch.num_m_blocks * sch.num_bh;
     sch.longest_first = p.window_right >= 0;
     const int64_t kv_bytes_per_head =
-        std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / p.heads);
+        std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / tile_heads);
     sch.section = int(std::min<int64_t>(std::max<int64_t>(1, device.l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
     if (sch.num_tiles == 0) return Status::Ok();
     auto stream = static_cast<cudaStream_t>(p.stream);

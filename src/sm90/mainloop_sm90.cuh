@@ -1,5 +1,6 @@
 // Mainloop of the sm90 forward kernel for one tile of kBlockM (128 or 192) query rows.
-// Producer (one warp): TMA loads of Q and of the K/V blocks into the shared ring, K one block ahead of V
+// Producer (one warp): TMA loads of Q (packed GQA: cp.async gathers) and of the K/V blocks into the shared ring,
+// K one block ahead of V
 // (HSTU with rab: the rab tile of each block right after its K; the consumers start S from it).
 // Consumers (two or three warpgroups of 64 rows): S = Q K^T (wgmma from smem), softmax or the HSTU score,
 // O += P V (P from registers), with the score of block n overlapping P V of block n + 1 within a warpgroup, and
@@ -104,7 +105,7 @@ struct ForwardMainloopSm90 {
       return PipelineState(int(i % Traits::kStages), ((i / Traits::kStages) & 1) ^ 1, i);
     };
     const int batch = p.varlen ? 0 : w.coord.batch;
-    const int kv_head = w.coord.head / kp.heads_per_kv;
+    const int kv_head = Traits::kPackGqa ? w.coord.head : w.coord.head / kp.heads_per_kv;
     cute::Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
     cute::Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);  // (rows_k, d, h_k, b)
     cute::Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_k);  // (rows_k, d, h_k, b)
@@ -142,7 +143,9 @@ struct ForwardMainloopSm90 {
         copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
     };
 
-    if (leader) {
+    if constexpr (Traits::kPackGqa) {
+      load_q_packed(kp, ss, q_slot, w);
+    } else if (leader) {
       ss.barrier_q[q_slot].arrive_and_expect_tx(Traits::kTmaBytesQ);
       copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[q_slot]), 0), tQgQ, tQsQ);
     }
@@ -180,6 +183,35 @@ struct ForwardMainloopSm90 {
     return i + 1;
   }
 
+  // Packed GQA: the whole producer warp gathers the tile's Q rows (unpack_row) with 16-byte cp.async into the
+  // swizzled Q slot, zero-filling rows past the sequence and columns past d; each lane's arrive (no increment,
+  // barrier_q counts 32 in this kernel) fires when its copies have landed. The consumers fence the async
+  // proxy before their wgmmas read the slot (forward_sm90.cuh).
+  template <class KernelParams>
+  CUTE_DEVICE static void load_q_packed(KernelParams const& kp, SharedStorage& ss, int q_slot, TileWork const& w) {
+    constexpr int kChunksPerRow = kHeadDim / 8;
+    static_assert((kBlockM * kChunksPerRow) % 32 == 0);
+    const detail::Params& p = kp.params;
+    const int g = kp.heads_per_kv;
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>),
+                                       typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+    Element const* q = static_cast<Element const*>(p.q.ptr);
+    const int lane = int(threadIdx.x % 32);
+    // Not unrolled: the warp has 40 registers, and unrolled ptxas kept the addresses of many chunks live (spilled).
+#pragma unroll 1
+    for (int k = 0; k < kBlockM * kChunksPerRow / 32; ++k) {
+      const int idx = lane + 32 * k;
+      const int i = idx / kChunksPerRow, col = idx % kChunksPerRow * 8;
+      const PackedRow pr = unpack_row(w.coord.m_block * kBlockM + i, g);
+      const bool valid = pr.row < w.seq.sq && col < p.head_dim;
+      Element const* src =
+          valid ? q + w.seq.q_offset(p.q, w.coord.batch, pr.row, w.coord.head * g + pr.head_in_group) + col : q;
+      const uint32_t dst = cute::cast_smem_ptr_to_uint(&sQ(i, col));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+    }
+    cutlass::arch::cpasync_barrier_arrive_noinc(reinterpret_cast<uint64_t const*>(&ss.barrier_q[q_slot]));
+  }
+
   // One consumer warpgroup's share (64 rows) of a tile: leaves O in tOrO, for softmax unnormalised with the
   // row statistics in `score` (an OnlineSoftmax), for HSTU final (`score` is the HstuPointwise).
   // `tid` is the thread's index among the consumer threads.
@@ -202,7 +234,15 @@ struct ForwardMainloopSm90 {
     cute::Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
     cute::Tensor tScS = thr_mma_qk.partition_C(cS);                               // (MMA, MMA_M, MMA_N)
 
-    const int64_t m_end = detail::min64(w.m0 + kBlockM, w.seq.sq);
+    // Packed GQA: the query row of tile row i (masks go by the query row); w.m0 is the tile's first one.
+    auto query_row = [&](int i) -> int64_t {
+      if constexpr (Traits::kPackGqa) {
+        return unpack_row(w.coord.m_block * kBlockM + i, kp.heads_per_kv).row;
+      } else {
+        return w.m0 + i;
+      }
+    };
+    const int64_t m_end = detail::min64(query_row(kBlockM - 1) + 1, w.seq.sq);
     // Scores -> masked scores of block n. The blocks every row of the tile sees whole need no mask: at most two
     // ranges (the second only above the history of an HSTU target mask), found once per tile. Only the other
     // blocks pay for the element mask: one compare per element against the visible key spans of this
@@ -225,7 +265,7 @@ struct ForwardMainloopSm90 {
     CUTE_UNROLL
     for (int r = 0; r < kMaskRows; ++r) {
       detail::Range first, second;
-      detail::visible_spans(mask, w.m0 + get<0>(c_rc(r, 0)), &first, &second);
+      detail::visible_spans(mask, query_row(get<0>(c_rc(r, 0))), &first, &second);
       spans[r][0] = int(first.begin);
       spans[r][1] = int(first.end);
       if constexpr (kHstu) {

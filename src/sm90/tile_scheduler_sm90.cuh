@@ -1,4 +1,5 @@
-// Persistent tile scheduler of the sm90 forward kernel over (m block, head, batch) tiles. Without a mask
+// Persistent tile scheduler of the sm90 forward kernel over (m block, head, batch) tiles (packed GQA: (packed
+// m block, kv head, batch), see unpack_row), and what one tile does (TileWork). Without a mask
 // every tile costs the same: a static round-robin, producer and consumers walk the same sequence without
 // talking. With causal/window masks or jagged lengths tile costs differ (0 to n blocks) and a static
 // assignment leaves SMs idle (measured: 25% over the average on the busiest SM at s = 16k), so CTAs claim
@@ -51,6 +52,20 @@ struct TileScheduler {
     return {m_block, bh % heads, bh / heads};
   }
 };
+
+// Packed GQA (ForwardTraitsSm90::kPackGqa): a tile's (head) is a kv head and row i of m block b is packed row
+// m = b * kBlockM + i of the g = h / h_k query heads of that kv head, the head fastest: query row m / g of query
+// head kv_head * g + m % g. A tile then holds kBlockM / g query rows of all g heads, so the rows' key ranges
+// (masks go by the query row) stay as narrow as in an unpacked tile of kBlockM / g rows. Packed rows are 32-bit
+// (Sm90Forward::pack_gqa).
+struct PackedRow {
+  int row;            // query row within the sequence
+  int head_in_group;  // 0 to g - 1
+};
+CUTEATTN_HD PackedRow unpack_row(int m, int g) {
+  const int row = int(uint32_t(m) / uint32_t(g));
+  return {row, m - row * g};
+}
 
 // Shared memory of the dynamic handoff: one slot and its two mbarriers.
 struct TileHandoffStorage {
@@ -124,8 +139,9 @@ struct TileWork {
   // Softmax masks are windows only (supports() refuses contexts and targets): the contextual and target
   // fields are set to the constants that say so, which lets the compiler drop their paths, among them the
   // 64-bit division by the target group size.
-  template <int kBlockM, int kBlockN, bool kHstu>
-  CUTEATTN_HD static TileWork plan(const detail::Params& p, TileCoord c) {
+  // kPackGqa: m0 is the first query row the tile touches (unpack_row of its first packed row), `pack` = g.
+  template <int kBlockM, int kBlockN, bool kHstu, bool kPackGqa = false>
+  CUTEATTN_HD static TileWork plan(const detail::Params& p, TileCoord c, int pack = 1) {
     TileWork w;
     w.coord = c;
     w.seq = detail::SequenceInfo::of(p, c.batch);
@@ -135,9 +151,16 @@ struct TileWork {
       w.mask.hist = w.seq.sk;
       w.mask.group = 1;
     }
-    w.m0 = int64_t(c.m_block) * kBlockM;
+    int64_t m_end;  // past the tile's last query row (may lie past the sequence)
+    if constexpr (kPackGqa) {
+      w.m0 = unpack_row(c.m_block * kBlockM, pack).row;
+      m_end = unpack_row(c.m_block * kBlockM + kBlockM - 1, pack).row + 1;
+    } else {
+      w.m0 = int64_t(c.m_block) * kBlockM;
+      m_end = w.m0 + kBlockM;
+    }
     if (w.m0 < w.seq.sq) {
-      const detail::Range keys = w.mask.key_range(w.m0, w.m0 + kBlockM);
+      const detail::Range keys = w.mask.key_range(w.m0, m_end);
       if (!keys.empty()) {
         w.n_min = int(keys.begin / kBlockN);
         w.n_max = int((keys.end + kBlockN - 1) / kBlockN);
@@ -145,7 +168,7 @@ struct TileWork {
       if constexpr (kHstu) {
         // The hole lies below the block of the tile's last key (its own group is visible to it); a hole that
         // starts at n_min just moves n_min.
-        const detail::Range hole = detail::blocks_inside(w.mask.key_hole(w.m0, w.m0 + kBlockM), kBlockN);
+        const detail::Range hole = detail::blocks_inside(w.mask.key_hole(w.m0, m_end), kBlockN);
         const int lo = hole.begin > w.n_min ? int(hole.begin) : w.n_min;
         const int hi = hole.end < w.n_max ? int(hole.end) : w.n_max;
         if (lo < hi) {

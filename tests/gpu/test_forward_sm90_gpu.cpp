@@ -6,9 +6,12 @@
 // (192-row tiles). HSTU (jagged): rab with none / 1 / h heads, every HSTU mask (causal, window, contextual,
 // targets with group sizes), many targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and
 // one-row sequences, several tiles per CTA, every bucket, and d != d_v routed to sm80. The workspace: a
-// caller's (dirty, reused across calls), none when tiles are scheduled statically, too small.
+// caller's (dirty, reused across calls), none when tiles are scheduled statically, too small. Packed GQA (the
+// query heads of a kv head in one tile): groups of 2 to 16, short and forced-long query ranges, every mask,
+// varlen.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -254,6 +257,134 @@ TEST_F(Sm90Forward, SeveralTilesPerCta) {
   for (int64_t d : {64, 256}) {
     check_forward(softmax_varlen(DType::kBFloat16, {300, 200, 129, 400, 77}, {0, 150, 0, 260, 0}, 30, 30, d));
   }
+}
+
+// ---- Packed GQA (Sm90Forward::pack_gqa: the query heads of a kv head share a tile's rows) ----
+
+// Sets CUTEATTN_SM90_PACK_GQA (which forces packing on or off) for its lifetime; unset after.
+class ForcePackGqa {
+ public:
+  explicit ForcePackGqa(bool on) { setenv("CUTEATTN_SM90_PACK_GQA", on ? "1" : "0", 1); }
+  ~ForcePackGqa() { unsetenv("CUTEATTN_SM90_PACK_GQA"); }
+  ForcePackGqa(const ForcePackGqa&) = delete;
+  ForcePackGqa& operator=(const ForcePackGqa&) = delete;
+};
+
+bool has_sm90_head_dim(int64_t d) {
+  if (auto_picks_sm90(softmax_fixed(DType::kBFloat16, 1, 2, 1, d, 16, 64))) return true;
+  ADD_FAILURE() << "head dim " << d << ": no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
+  return false;
+}
+
+// Groups of 2, 4, 8 and 16 (MQA) query heads against query lengths from 1 to 113 and key lengths 1, 129, 1023
+// and 4224 (4224 with s_q <= 16 only, to keep the float64 oracle short), every pair; causal (s_q < s_k:
+// bottom-right) every other case; both dtypes. s_q 113 is never packed here (packed tiles would compute as
+// many rows as one 128-row tile per head), which pins the unpacked path beside the packed ones.
+TEST_F(Sm90Forward, PackedGqaShapes) {
+  const int64_t groups[][2] = {{4, 2}, {8, 2}, {16, 2}, {16, 1}};  // (h, h_k)
+  const int64_t queries[] = {1, 3, 16, 37, 64, 113};
+  const int64_t keys[] = {1, 129, 1023, 4224};
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    for (int gi = 0; gi < 4; ++gi) {
+      for (int qi = 0; qi < 6; ++qi) {
+        const int64_t sq = queries[qi];
+        const int64_t sk = keys[(gi + qi) % (sq > 16 ? 3 : 4)];
+        CaseConfig cfg = softmax_fixed((gi + qi) % 3 == 0 ? DType::kFloat16 : DType::kBFloat16, sq > 16 ? 1 : 2,
+                                       groups[gi][0], groups[gi][1], d, sq, sk);
+        cfg.causal = qi % 2 == 1;
+        check_forward(cfg);
+      }
+    }
+  }
+}
+
+// Masks on packed tiles: sliding windows (edges inside a key block), softcap, causal with s_q > s_k (the first
+// rows see no key: O = 0, LSE = -inf), and the lengths on either side of the packing threshold over 300 keys
+// (128-row unpacked tiles; g 8: 112 packed, 113 not; g 2: 64 and 65).
+TEST_F(Sm90Forward, PackedGqaMasks) {
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 8, 2, d, 64, 1023);
+    cfg.window_left = 100;
+    cfg.window_right = 0;
+    check_forward(cfg);
+    cfg.window_left = 20;
+    cfg.window_right = 5;
+    check_forward(cfg);
+    cfg = softmax_fixed(DType::kFloat16, 1, 16, 1, d, 37, 777);
+    cfg.softcap = 7.0f;
+    cfg.causal = true;
+    check_forward(cfg);
+    cfg = softmax_fixed(DType::kBFloat16, 2, 8, 2, d, 64, 37);
+    cfg.causal = true;
+    check_forward(cfg);
+    for (int64_t sq : {112, 113}) check_forward(softmax_fixed(DType::kBFloat16, 1, 8, 1, d, sq, 300));
+    for (int64_t sq : {64, 65}) {
+      cfg = softmax_fixed(DType::kFloat16, 1, 4, 2, d, sq, 300);
+      cfg.causal = true;
+      check_forward(cfg);
+    }
+  }
+}
+
+// Varlen with empty and one-row sequences (max_seqlen_q picks packing; tiles of the short sequences hold
+// rows of no sequence past their end), causal, windowed; and more packed tiles than SMs (140 kv heads),
+// statically and through the dynamic handoff.
+TEST_F(Sm90Forward, PackedGqaVarlenAndManyTiles) {
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    for (bool causal : {false, true}) {
+      CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 1, 37, 0, 64, 1}, {300, 4224, 129, 0, 1023, 1}, 8,
+                                      2, d);
+      cfg.causal = causal;
+      check_forward(cfg);
+    }
+    CaseConfig cfg = softmax_varlen(DType::kFloat16, {16, 3, 0, 50}, {}, 16, 1, d);
+    cfg.window_left = 7;
+    cfg.window_right = 2;
+    check_forward(cfg);
+    for (bool causal : {false, true}) {
+      cfg = softmax_fixed(DType::kBFloat16, 2, 140, 70, d, 37, 129);
+      cfg.causal = causal;
+      check_forward(cfg);
+    }
+  }
+}
+
+// Packing forced over long query ranges: packed tiles split a query row's heads between two tiles, several
+// packed tiles per kv head, tiles whose rows see no key at all (causal s_q > s_k: the O = 0 / LSE = -inf
+// tile), windows, varlen; and forced off at s_q = 16 (the unpacked path of a shape that packs by default).
+TEST_F(Sm90Forward, PackedGqaForced) {
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    {
+      ForcePackGqa on(true);
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 6, 2, d, 300, 700);
+      cfg.causal = true;
+      check_forward(cfg);
+      cfg = softmax_fixed(DType::kFloat16, 1, 12, 3, d, 300, 37);
+      cfg.causal = true;
+      check_forward(cfg);
+      cfg = softmax_fixed(DType::kBFloat16, 1, 16, 1, d, 200, 500);
+      cfg.window_left = 64;
+      cfg.window_right = 16;
+      check_forward(cfg);
+      cfg = softmax_varlen(DType::kBFloat16, {300, 0, 129, 1}, {500, 7, 129, 0}, 6, 2, d);
+      cfg.causal = true;
+      check_forward(cfg);
+    }
+    ForcePackGqa off(false);
+    check_forward(softmax_fixed(DType::kBFloat16, 2, 8, 2, d, 16, 1023));
+  }
+}
+
+// A small packed case for compute-sanitizer: varlen (dynamic handoff), causal, g 4, two packed tiles per kv
+// head and a one-row sequence.
+TEST_F(Sm90Forward, PackedGqaSanitize) {
+  CaseConfig cfg = softmax_varlen(DType::kBFloat16, {40, 1}, {300, 129}, 8, 2, 128);
+  cfg.causal = true;
+  check_forward(cfg);
 }
 
 // ---- HSTU (jagged layout) ----
