@@ -1,11 +1,17 @@
-// The sm90 backward main kernel (softmax), FlashAttention-3 class: one CTA per (key block, kv head, batch
-// entry). Warp 0 (the producer) loads the key block's K and V once by TMA, then streams the Q and dO tiles of
+// The sm90 backward main kernel (softmax and HSTU), FlashAttention-3 class: one CTA per (key block, kv head,
+// batch entry). Warp 0 (the producer) loads the key block's K and V once by TMA, then streams the Q and dO tiles of
 // the query blocks that see it, for every query head of the kv head, through a two-stage TMA ring. Two
 // consumer warpgroups recompute S = Q K^T and dP = dO V^T with wgmma, form P = exp2(S scale_log2 - LSE_log2)
 // and dS = P (dP - D) (softcap: times its derivative; the element mask on edge tiles only), store P and dS to
 // shared memory, and issue dV += P^T dO (as soon as P is stored: it runs while dS is formed), then dQ = dS K
 // and dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by a TMA reduce-add.
 // dS leaves out the softmax scale: dK gets it in the epilogue, dQ in the conversion kernel.
+// HSTU (Traits::kHstu): the rab tile comes with Q and dO into the dS buffer of the step; the consumers read it
+// into the S accumulator (Q K^T accumulates onto it), form P = silu(alpha u) / scaling and its derivative from
+// u = qk + rab, and dS = dP * dP/du; query blocks that see none of the key block (contextual and target masks
+// leave gaps inside the row range) are skipped by producer and consumers alike. dRab: one rab head per query
+// head, the dS tile goes out by a TMA store; one rab head shared by several, fp32 reduce-adds into the
+// workspace.
 #pragma once
 
 #include <cmath>
@@ -17,7 +23,9 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "core/params.h"
+#include "sm80/backward_utils_sm80.cuh"
 #include "sm90/backward_traits_sm90.cuh"
+#include "sm90/hstu_sm90.cuh"
 #include "sm90/mainloop_sm90.cuh"
 #include "sm90/softmax_sm90.cuh"
 #include "variants/mask.h"
@@ -40,6 +48,11 @@ struct BackwardKernelParams {
   int heads_per_kv;    // h / h_k
   float scale_log2;    // softcap off: scale * log2(e); on: softcap * log2(e) (the score is softcap * tanh(...))
   float scale_over_cap;  // softcap on: scale / softcap
+  typename Traits::TmaRab tma_rab;       // HSTU with rab only
+  typename Traits::TmadRab tma_drab;     // HSTU with dRab of h_rab == h only
+  typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
+  float* drab_accum;                     // HSTU, one rab head shared by several heads: (b, max_sk, drab_ld) fp32
+  int64_t drab_ld;
 };
 
 // The query blocks that see key block n0 of a sequence: [m_begin, m_end).
@@ -72,13 +85,48 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int64_t n0 = int64_t(n_block) * kBlockN;
   if (n0 >= seq.sk) return;
   detail::Mask mask = detail::Mask::of(p, seq, bi);
-  mask.n_ctx = 0;  // softmax masks are windows only: the contextual and target paths drop out
-  mask.hist = seq.sk;
-  mask.group = 1;
+  if constexpr (!Traits::kHstu) {
+    mask.n_ctx = 0;  // softmax masks are windows only: the contextual and target paths drop out
+    mask.hist = seq.sk;
+    mask.group = 1;
+  }
+  // HSTU's sequence and mask again from the parameters at every step (L1 hits): kept live across the step loops,
+  // they spilled (the producer runs on 24 registers, the d 128 consumers are full). Softmax keeps its own.
+  auto step_seq = [&]() {
+    if constexpr (Traits::kHstu) {
+      return detail::SequenceInfo::of(p, bi);
+    } else {
+      return seq;
+    }
+  };
+  auto step_mask = [&]() {
+    if constexpr (Traits::kHstu) {
+      return detail::Mask::of(p, step_seq(), bi);
+    } else {
+      return mask;
+    }
+  };
   int m_begin, m_end;
   query_blocks<kBlockM, kBlockN>(mask, n0, m_begin, m_end);
   const int m_count = m_end - m_begin;
   const int steps = m_count * kp.heads_per_kv;  // (query head of the group, query block), head-major
+  // Whether query block m sees the key block under `mk` (this sequence's mask). The row range is exact for
+  // windows (always true there); HSTU's contextual and target masks leave blocks inside it that see nothing
+  // (key_range, key_hole).
+  auto block_visible = [n0](detail::Mask const& mk, int m) {
+    if constexpr (Traits::kHstu) {
+      const int64_t i0 = int64_t(m) * kBlockM, i1 = i0 + kBlockM;
+      const int64_t n1 = detail::min64(n0 + kBlockN, mk.sk);
+      const detail::Range keys = mk.key_range(i0, i1);
+      if (keys.begin >= n1 || keys.end <= n0) return false;
+      const detail::Range hole = mk.key_hole(i0, i1);
+      return !(hole.begin <= n0 && n1 <= hole.end);
+    } else {
+      return true;
+    }
+  };
+  const bool has_rab = Traits::kHstu && p.rab != nullptr;
+  static_assert(kStages == 2, "the P/dS buffer of a step is its Q/dO stage");
 
   extern __shared__ char smem[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
@@ -91,10 +139,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
+    if (has_rab) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
+    if (Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr)
+      cute::prefetch_tma_descriptor(kp.tma_drab.get_tma_descriptor());
     ss.barrier_kv.init(1);
   }
   typename PipelineQdO::Params pipeline_params;
-  pipeline_params.transaction_bytes = Traits::kTmaBytesQdO;
+  pipeline_params.transaction_bytes = Traits::kTmaBytesQdO + (has_rab ? Traits::kTmaBytesRab : 0u);
   pipeline_params.role = warp_group == 0 ? PipelineQdO::ThreadCategory::Producer : PipelineQdO::ThreadCategory::Consumer;
   pipeline_params.is_leader = threadIdx.x == 0;
   pipeline_params.num_consumers = kNumMmaThreads;
@@ -125,22 +176,40 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(k_part), get<1>(k_part));
       copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(v_part), get<1>(v_part));
     }
+    int issued = 0;
     for (int step = 0; step < steps; ++step) {
       const int head = kv_head * kp.heads_per_kv + step / m_count;
       const int m = m_begin + step % m_count;
-      cute::Tensor gQ = local_tile(domain_offset(make_coord(int(seq.q_start), _0{}), mQ(_, _, head, batch)),
+      const detail::SequenceInfo sinfo = step_seq();
+      if (!block_visible(step_mask(), m)) continue;
+      cute::Tensor gQ = local_tile(domain_offset(make_coord(int(sinfo.q_start), _0{}), mQ(_, _, head, batch)),
                                    Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));  // (kBlockM, kHeadDim)
-      cute::Tensor gdO = local_tile(domain_offset(make_coord(int(seq.q_start), _0{}), mdO(_, _, head, batch)),
+      cute::Tensor gdO = local_tile(domain_offset(make_coord(int(sinfo.q_start), _0{}), mdO(_, _, head, batch)),
                                     Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));  // (kBlockM, kHeadDim)
       auto q_part = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto do_part = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      // The write position of step `step`; the producer's start phase is 1: the ring starts empty.
-      const PipelineState write(step % kStages, ((step / kStages) & 1) ^ 1, step);
+      // The write position of the issued-th visited step; the producer's start phase is 1: the ring starts empty.
+      const PipelineState write(issued % kStages, ((issued / kStages) & 1) ^ 1, issued);
+      ++issued;
       pipeline.producer_acquire(write);
       if (leader) {
         copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), get<0>(q_part), get<1>(q_part)(_, write.index()));
         copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), get<0>(do_part),
              get<1>(do_part)(_, write.index()));
+      }
+      if constexpr (Traits::kHstu) {
+        // rab rows are the key positions m0 + off ... of the tile's query rows; past max_sk TMA zero-fills.
+        if (has_rab) {
+          cute::Tensor mRab = kp.tma_rab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
+          cute::Tensor gRab = local_tile(domain_offset(make_coord(int(sinfo.sk - sinfo.sq), _0{}),
+                                                       mRab(_, _, p.rab_heads == 1 ? 0 : head, bi)),
+                                         Shape<Int<kBlockM>, Int<kBlockN>>{}, make_coord(m, n_block));  // (kBlockM, kBlockN)
+          cute::Tensor sRab = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdS{});  // (kBlockM, kBlockN, 2)
+          auto rab_part = tma_partition(kp.tma_rab, _0{}, Layout<_1>{}, group_modes<0, 2>(sRab), group_modes<0, 2>(gRab));
+          if (leader)
+            copy(kp.tma_rab.with(*pipeline.producer_get_barrier(write), 0), get<0>(rab_part),
+                 get<1>(rab_part)(_, write.index()));
+        }
       }
     }
   } else {
@@ -226,69 +295,183 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
       }
     };
-    load_row_stats(0);
+    if constexpr (!Traits::kHstu) load_row_stats(0);
+
+    const HstuPointwise hstu(p);
+    const float dprob_scale = p.alpha * p.inv_scaling_seqlen;
+    const bool drab_store = Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr;
 
     ss.barrier_kv.wait(0);
     PipelineState read;
     for (int step = 0; step < steps; ++step) {
       const int head = kv_head * kp.heads_per_kv + step / m_count;
-      const int64_t m0 = int64_t(m_begin + step % m_count) * kBlockM;
-      const int buf = step & 1;
+      const int m = m_begin + step % m_count;
+      const int64_t m0 = int64_t(m) * kBlockM;
+      bool full_tile;
+      uint32_t visible = 0xffffffffu;  // HSTU: bit r * kCols + c set where value (r, c) of the thread is visible
+      {
+        const detail::Mask mk = step_mask();
+        if (!block_visible(mk, m)) continue;
+        full_tile = mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+        if constexpr (Traits::kHstu) {
+          static_assert(kRows * kCols == 32, "one visibility bit per accumulator value");
+          if (!full_tile) {
+            visible = 0;
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              detail::Range a, b;
+              detail::visible_spans(mk, m0 + get<0>(c_rc(r, 0)), &a, &b);
+              const int a_lo = int(a.begin - n0), a_hi = int(a.end - n0);
+              const int b_lo = int(b.begin - n0), b_hi = int(b.end - n0);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const int j = get<1>(c_rc(r, c));
+                if ((j >= a_lo && j < a_hi) || (j >= b_lo && j < b_hi)) visible |= 1u << (r * kCols + c);
+              }
+            }
+          }
+        }
+      }
       const int stage = read.index();
+      const int buf = stage;
 
       pipeline.consumer_wait(read);
       cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
       cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
-      warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, true);
+      if constexpr (Traits::kHstu) {
+        // rab of this warpgroup's 64 keys: the second half of each 128-key buffer row lies 64 rows of 128-byte
+        // atoms further (SmemLayoutPdS stacks its atoms along the rows first).
+        // The thread's coordinates from a thread index read again here (kept from before the loop, they spilled).
+        if (has_rab) {
+          const int t = consumer_thread_index<true>();
+          cute::Tensor tScS_t = tiled_mma_sdp.get_thread_slice(t).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+          const int w = t / 128;
+          const RabReader<Element, kBlockM, kBlockN / 2> rab(ss.ds.data() + buf * (kBlockM * kBlockN) +
+                                                                 w * (kBlockM * kBlockN / 2),
+                                                             get<0>(tScS_t(0)), get<1>(tScS_t(0)) - w * (kBlockN / 2));
+          rab.load(tSrS, 0);
+        }
+      }
+      warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, !has_rab);
       warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tdPrdP, true);
       warpgroup_wait<1>();
 
-      // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole.
       cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const float x = softcap ? tanhf(s_rc(r, c) * kp.scale_over_cap) : s_rc(r, c);
-          s_rc(r, c) = exp2f(x * kp.scale_log2 - lse2[r]);
-        }
-      }
-      if (!mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
+      cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());                     // (MMA, MMA_M, MMA_N)
+      // HSTU: sigmoid(alpha u), rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP
+      // accumulators spilled at d 128).
+      cute::Tensor rSg = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+      if constexpr (Traits::kHstu) {
+        // u = qk + rab: P = silu(alpha u) / scaling into rP and sigmoid(alpha u) = (1 + tanh(alpha u / 2)) / 2
+        // into rSg (one MUFU operation per element), both 0 where masked; dS is formed from them below.
+        cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));     // (rows, cols)
+        cute::Tensor sg_rc = cute::make_tensor(rSg.data(), acc_rowcol(rSg.layout()));  // (rows, cols)
+        // Column pairs (c, c + 1) are adjacent values of a fragment: one packed conversion each.
+        using Pair = cutlass::Array<Element, 2>;
+        cutlass::NumericArrayConverter<Element, float, 2> convert_pair;
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          detail::Range keys, unused;
-          detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
-          const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
           CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            const int j = get<1>(c_rc(r, c));
-            if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
+          for (int c = 0; c < kCols; c += 2) {
+            cutlass::Array<float, 2> prob, sg;
+            CUTE_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const float u = s_rc(r, c + e);
+              const float t = tanh_approx(u * hstu.half_alpha);
+              const float h = u * hstu.half_scale;
+              prob[e] = fmaf(h, t, h);
+              sg[e] = fmaf(0.5f, t, 0.5f);
+            }
+            *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
+            *reinterpret_cast<Pair*>(&sg_rc(r, c)) = convert_pair(sg);
           }
         }
+        if (!full_tile) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              if (!((visible >> (r * kCols + c)) & 1u)) {
+                p_rc(r, c) = static_cast<Element>(0.0f);
+                sg_rc(r, c) = static_cast<Element>(0.0f);
+              }
+            }
+          }
+        }
+      } else {
+        // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole.
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const float x = softcap ? tanhf(s_rc(r, c) * kp.scale_over_cap) : s_rc(r, c);
+            s_rc(r, c) = exp2f(x * kp.scale_log2 - lse2[r]);
+          }
+        }
+        if (!full_tile) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            detail::Range keys, unused;
+            detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
+            const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const int j = get<1>(c_rc(r, c));
+              if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
+            }
+          }
+        }
+        convert_fragment(tSrS, rP);
       }
-      cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
-      convert_fragment(tSrS, rP);
       copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, buf));
       // dV of this warpgroup's keys reads only the P columns it wrote: it starts once they are visible to wgmma.
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
       warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, stage), tdVrdV, false);
 
-      // dS = P (dP - D), with P as rounded for dV; softcap: times 1 - t^2, t = tanh(...) recovered from P.
       warpgroup_wait<1>();
-      cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));          // (rows, cols)
       cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      if constexpr (Traits::kHstu) {
+        // dS = dP * dP/du, dP/du = alpha dsilu(alpha u) / scaling = alpha (sg / scaling + P (1 - sg)), sg the
+        // sigmoid, P as rounded for dV (0 where masked, like sg).
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const float prob = static_cast<float>(p_rc(r, c));
-          float ds = prob * (dp_rc(r, c) - dsum[r]);
-          if (softcap) {
-            const float t = (log2f(prob) + lse2[r]) / kp.scale_log2;
-            ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;
+        for (int e = 0; e < size(tdPrdP); ++e) {
+          const float ap = p.alpha * static_cast<float>(rP(e));
+          tdPrdP(e) *= fmaf(static_cast<float>(rSg(e)), dprob_scale - ap, ap);
+        }
+        if (kp.drab_accum != nullptr) {
+          // One rab head for several query heads: fp32 column pairs added into the (b, max_sk, drab_ld) sums,
+          // rows inside the sequence's queries and columns inside its keys (the buffer's zeroed part).
+          const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
+          float* accum = kp.drab_accum + (int64_t(bi) * p.seqlen_k + m0 + sinfo.sk - sinfo.sq) * kp.drab_ld + n0;
+          const bool inside = m0 + kBlockM <= sinfo.sq && n0 + kBlockN <= sinfo.sk;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const int i = get<0>(c_rc(r, 0));
+            if (!inside && m0 + i >= sinfo.sq) continue;
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; c += 2) {
+              const int j = get<1>(c_rc(r, c));
+              if (inside || n0 + j < sinfo.sk)
+                detail::sm80_bwd::red_add_f32x2(accum + i * kp.drab_ld + j, dp_rc(r, c), dp_rc(r, c + 1));
+            }
           }
-          dp_rc(r, c) = ds;
+        }
+      } else {
+        // dS = P (dP - D), with P as rounded for dV; softcap: times 1 - t^2, t = tanh(...) recovered from P.
+        cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const float prob = static_cast<float>(p_rc(r, c));
+            float ds = prob * (dp_rc(r, c) - dsum[r]);
+            if (softcap) {
+              const float t = (log2f(prob) + lse2[r]) / kp.scale_log2;
+              ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;
+            }
+            dp_rc(r, c) = ds;
+          }
         }
       }
       cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
@@ -299,11 +482,26 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (tid % 128 == 0) tma_store_wait<0>();
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
+      if constexpr (Traits::kHstu) {
+        // dRab of this (head, query block, key block), visited once: the 16-bit dS tile as it is. Rows and
+        // columns past the sequence hold zeros (masked), the ones past max_sk are clipped by TMA.
+        if (drab_store && tid == 0) {
+          cute::Tensor mdRab = kp.tma_drab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
+          const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
+          cute::Tensor gdRab = local_tile(domain_offset(make_coord(int(sinfo.sk - sinfo.sq), _0{}),
+                                                        mdRab(_, _, p.rab_heads == 1 ? 0 : head, bi)),
+                                          Shape<Int<kBlockM>, Int<kBlockN>>{}, make_coord(m, n_block));  // (kBlockM, kBlockN)
+          auto drab_part =
+              tma_partition(kp.tma_drab, _0{}, Layout<_1>{}, group_modes<0, 2>(sdS), group_modes<0, 2>(gdRab));
+          copy(kp.tma_drab, get<1>(drab_part)(_, buf), get<0>(drab_part));
+          tma_store_arrive();
+        }
+      }
 
       cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
       warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ, true);
       warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
-      load_row_stats(step + 1);
+      if constexpr (!Traits::kHstu) load_row_stats(step + 1);
       warpgroup_wait<1>();
       // dQ of the tile's 64 rows into the workspace: rows past the sequence and columns past d hold exact zeros
       // (P and K are zero there), so the whole tile is added.
@@ -331,12 +529,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         tma_store_arrive();
       }
       warpgroup_wait<0>();
+      // The stage's dS buffer takes the next rab tile: the dRab store (the older of this thread's two bulk
+      // groups) must have read it first.
+      if (drab_store && tid == 0) tma_store_wait<1>();
       pipeline.consumer_release(read);
       ++read;
     }
-    if (tid % 128 == 0) tma_store_wait<0>();  // the last reduce-add has read the staging tile
+    if (tid % 128 == 0) tma_store_wait<0>();  // the last reduce-add (and dRab store) has read shared memory
 
-    // dK (times the softmax scale) and dV in the input dtype; column pairs as one store.
+    // dK (softmax: times the scale) and dV in the input dtype; column pairs as one store.
+    const float dk_scale = Traits::kHstu ? 1.0f : p.scale;
     using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
     Element* dk_block = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0, kv_head);
     Element* dv_block = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0, kv_head);
@@ -344,7 +546,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     for (int e = 0; e < size(tdKrdK); e += 2) {
       const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
       if (n0 + r >= seq.sk || c >= d) continue;
-      Element dk_pair[2] = {static_cast<Element>(tdKrdK(e) * p.scale), static_cast<Element>(tdKrdK(e + 1) * p.scale)};
+      Element dk_pair[2] = {static_cast<Element>(tdKrdK(e) * dk_scale), static_cast<Element>(tdKrdK(e + 1) * dk_scale)};
       Element dv_pair[2] = {static_cast<Element>(tdVrdV(e)), static_cast<Element>(tdVrdV(e + 1))};
       *reinterpret_cast<Pair*>(dk_block + r * p.dk.row_stride + c) = *reinterpret_cast<Pair const*>(dk_pair);
       *reinterpret_cast<Pair*>(dv_block + r * p.dv.row_stride + c) = *reinterpret_cast<Pair const*>(dv_pair);

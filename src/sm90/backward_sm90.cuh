@@ -1,10 +1,13 @@
 // Entry point of the sm90 backward family (what the generated instances instantiate): which problems an
 // instance serves, the workspace it needs, and the launch sequence
-//   D = rowsum(dO * O) -> main dK/dV/dQ kernel (backward_kernel_sm90.cuh) -> dQ conversion,
+//   softmax: D = rowsum(dO * O) -> main dK/dV/dQ kernel (backward_kernel_sm90.cuh) -> dQ conversion;
+//   HSTU:    [dRab zero-fill | zeroing the visible part of the dRab accumulator] -> main kernel -> dQ (and
+//            head-summed dRab) conversion,
 // the small kernels being the sm80 backward's (sm80/backward_aux_sm80.cuh).
-// Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim) and D (indexed like LSE).
-// Softmax, fp16/bf16, d == d_v <= 128 only; everything else (deterministic mode, HSTU, d != d_v, larger head
-// dims) is refused here and runs on the sm80 backward (dispatch falls back when `supports` refuses).
+// Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim), D (softmax, indexed like LSE), and for HSTU with one
+// rab head shared by several query heads the fp32 (b, max_sk, max_sk rounded to even) dRab accumulator.
+// fp16/bf16, d == d_v <= 128 only; everything else (deterministic mode, d != d_v, larger head dims) is refused
+// here and runs on the sm80 backward (dispatch falls back when `supports` refuses).
 #pragma once
 
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
@@ -31,34 +34,44 @@ namespace cuteattn::detail {
 
 template <ScoreFunction kScore, DType kDType, int kHeadDim>
 struct Sm90Backward {
-  static_assert(kScore == ScoreFunction::kSoftmax, "sm90 backward: softmax only (HSTU runs on sm80)");
-  using Traits = sm90::BackwardTraitsSm90<kDType, kHeadDim>;
+  static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
+  static_assert(kScore == ScoreFunction::kSoftmax || kHstu);
+  using Traits = sm90::BackwardTraitsSm90<kDType, kHeadDim, kHstu>;
   using Element = typename Traits::Element;
 
   struct Plan {
-    size_t dq_offset = 0, dq_elems = 0, dsum_offset = 0, total = 0;
+    size_t dq_offset = 0, dq_elems = 0, dsum_offset = 0, drab_offset = 0, total = 0;
+    int64_t drab_ld = 0;
+    bool drab_accum = false;  // dRab summed over heads (one rab head, several query heads) by fp32 atomics
   };
   static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
   static Plan plan(const Params& p) {
     Plan pl;
     pl.dq_elems = size_t(p.total_q) * size_t(p.heads) * kHeadDim;
     pl.dsum_offset = align_up(pl.dq_elems * sizeof(float));
-    pl.total = align_up(pl.dsum_offset + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
+    pl.drab_offset = kHstu ? pl.dsum_offset
+                           : align_up(pl.dsum_offset + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
+    pl.drab_accum = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
+    pl.drab_ld = (p.seqlen_k + 1) / 2 * 2;
+    pl.total = pl.drab_offset;
+    if (pl.drab_accum)
+      pl.total = align_up(pl.total + size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld) * sizeof(float));
     return pl;
   }
 
   static Status supports(const Params& p) {
     auto refuse = [](const char* why) {
-      return Status::NotSupported(std::string("sm90 backward (softmax, head dim ") + std::to_string(kHeadDim) +
-                                  "): " + why);
+      return Status::NotSupported(std::string("sm90 backward (") + (kHstu ? "hstu" : "softmax") + ", head dim " +
+                                  std::to_string(kHeadDim) + "): " + why);
     };
-    if (p.score != kScore) return refuse("score function mismatch (HSTU runs on the sm80 backward)");
+    if (p.score != kScore) return refuse("score function mismatch");
     if (p.dtype != kDType) return refuse("dtype mismatch");
     if (p.deterministic) return refuse("no deterministic mode (the sm80 backward serves deterministic calls)");
     if (p.head_dim != p.head_dim_v) return refuse("needs d == d_v (the sm80 backward serves d != d_v)");
     if (p.head_dim > kHeadDim || p.head_dim % 8 != 0) return refuse("needs d <= bucket and d % 8 == 0");
-    if (!(p.scale > 0.0f)) return refuse("needs softmax_scale > 0");
-    if (p.num_contexts != nullptr || p.num_targets != nullptr) return refuse("contextual/target masks are HSTU only");
+    if (!kHstu && !(p.scale > 0.0f)) return refuse("needs softmax_scale > 0");
+    if (!kHstu && (p.num_contexts != nullptr || p.num_targets != nullptr))
+      return refuse("contextual/target masks are HSTU only");
     // TMA descriptors need a non-empty Q; without query rows the sm80 backward writes the zero dK and dV.
     if (p.total_q == 0) return refuse("no query rows");
     const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
@@ -72,8 +85,26 @@ struct Sm90Backward {
       return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.row_stride % kVec == 0 && t.head_stride % kVec == 0 &&
              t.batch_stride % kVec == 0;
     };
-    for (const RowMajorView* t : {&p.q, &p.k, &p.v, &p.o, &p.dout, &p.dk, &p.dv})
+    for (const RowMajorView* t : {&p.q, &p.k, &p.v, &p.dout, &p.dk, &p.dv})
       if (!aligned(*t)) return refuse("needs 16-byte aligned pointers and strides");
+    if (!kHstu && !aligned(p.o)) return refuse("needs 16-byte aligned pointers and strides");
+    if (kHstu) {
+      if (p.heads_k != p.heads) return refuse("HSTU needs h_k == h");
+      if (p.rab != nullptr) {
+        // TMA of the rab and dRab tiles: 16-byte aligned base and strides, and 32-bit coordinates.
+        constexpr int64_t kVec = 16 / sizeof(Element);
+        if (p.rab_heads != 1 && p.rab_heads != p.heads) return refuse("rab heads must be 1 or h");
+        if (reinterpret_cast<uintptr_t>(p.rab) % 16 != 0 || p.rab_row_stride % kVec != 0 ||
+            p.rab_head_stride % kVec != 0 || p.rab_batch_stride % kVec != 0)
+          return refuse("needs a 16-byte aligned rab with 16-byte multiple strides");
+        if (p.drab != nullptr &&
+            (reinterpret_cast<uintptr_t>(p.drab) % 16 != 0 || p.drab_row_stride % kVec != 0 ||
+             p.drab_head_stride % kVec != 0 || p.drab_batch_stride % kVec != 0))
+          return refuse("needs a 16-byte aligned drab with 16-byte multiple strides");
+        if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31))
+          return refuse("rab beyond 32-bit TMA coordinates");
+      }
+    }
     if (DeviceProperties::of(p.device_index).smem_optin < Traits::kSmemBytes)
       return refuse("the device has too little shared memory");
     return Status::Ok();
@@ -96,11 +127,33 @@ struct Sm90Backward {
 
     const int kAuxThreads = 256;
     auto aux_blocks = [](int64_t work) { return int(std::clamp<int64_t>((work + 255) / 256, 1, 8192)); };
+    float* drab_accum = pl.drab_accum ? reinterpret_cast<float*>(ws + pl.drab_offset) : nullptr;
     if (p.total_q > 0) {
       cudaError_t err = cudaMemsetAsync(dq_accum, 0, pl.dq_elems * sizeof(float), stream);
       if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
-      sm80_bwd::dot_do_o_kernel<Element, kHeadDim>
-          <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, dsum);
+      if constexpr (!kHstu) {
+        sm80_bwd::dot_do_o_kernel<Element, kHeadDim>
+            <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, dsum);
+      }
+    }
+    // dRab passes: one CTA per (row, rab head, batch entry) of dRab. The main kernel writes (h_rab == h) or sums
+    // into (h_rab == 1 < h) only the tiles some query block sees; the rest is zero.
+    const dim3 drab_grid(unsigned(p.seqlen_k), unsigned(p.rab_heads), unsigned(p.batch));
+    const bool drab_rows = kHstu && p.drab != nullptr && p.seqlen_k > 0 && p.batch > 0;
+    if (drab_rows && pl.drab_accum) {
+      sm80_bwd::zero_drab_accum_kernel<<<dim3(unsigned(p.seqlen_k), 1, unsigned(p.batch)), kAuxThreads, 0, stream>>>(
+          p, drab_accum, pl.drab_ld);
+    } else if (drab_rows) {
+      const int64_t sk2 = p.seqlen_k * p.seqlen_k;
+      const bool dense = p.drab_row_stride == p.seqlen_k && p.drab_head_stride == sk2 &&
+                         p.drab_batch_stride == p.rab_heads * sk2;
+      if (dense) {
+        const size_t bytes = size_t(p.batch * p.rab_heads * sk2) * sizeof(Element);
+        const cudaError_t err = cudaMemsetAsync(p.drab, 0, bytes, stream);
+        if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
+      } else {
+        sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, nullptr, 0);
+      }
     }
 
     const int n_blocks = int((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
@@ -138,7 +191,36 @@ struct Sm90Backward {
           dsum,
           int(p.heads / p.heads_k),
           float(p.softcap > 0.0f ? p.softcap : p.scale) * float(M_LOG2E),
-          p.softcap > 0.0f ? p.scale / p.softcap : 0.0f};
+          p.softcap > 0.0f ? p.scale / p.softcap : 0.0f,
+          {},
+          {},
+          {},
+          drab_accum,
+          pl.drab_ld};
+      if constexpr (kHstu) {
+        if (p.rab != nullptr) {
+          const int max_sk = int(p.seqlen_k);
+          const int64_t big = int64_t(max_sk) * p.rab_row_stride;
+          auto rab = cute::make_tensor(
+              make_gmem_ptr(static_cast<Element const*>(p.rab)),
+              make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
+              make_stride(p.rab_row_stride, _1{}, stride_of(p.rab_heads, p.rab_head_stride, big),
+                          stride_of(p.batch, p.rab_batch_stride, big)));
+          kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename Traits::SmemLayoutPdS{}),
+                                     Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+          kp.shape_rab = rab.shape();
+          if (p.drab != nullptr && !pl.drab_accum) {
+            const int64_t dbig = int64_t(max_sk) * p.drab_row_stride;
+            auto drab = cute::make_tensor(
+                make_gmem_ptr(static_cast<Element*>(p.drab)),
+                make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
+                make_stride(p.drab_row_stride, _1{}, stride_of(p.rab_heads, p.drab_head_stride, dbig),
+                            stride_of(p.batch, p.drab_batch_stride, dbig)));
+            kp.tma_drab = make_tma_copy(SM90_TMA_STORE{}, drab, take<0, 2>(typename Traits::SmemLayoutPdS{}),
+                                        Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+          }
+        }
+      }
       auto kernel = sm90::backward_kernel_sm90<Traits>;
       cudaError_t err = opt_in_shared_memory<Traits>(kernel, Traits::kSmemBytes, p.device_index);
       if (err != cudaSuccess) return fail("cudaFuncSetAttribute", err);
@@ -148,7 +230,11 @@ struct Sm90Backward {
 
     if (p.total_q > 0) {
       sm80_bwd::convert_dq_kernel<Element, kHeadDim><<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads,
-                                                        0, stream>>>(p, dq_accum, int64_t(pl.dq_elems), 1, p.scale);
+                                                        0, stream>>>(p, dq_accum, int64_t(pl.dq_elems), 1,
+                                                                     kHstu ? 1.0f : p.scale);
+    }
+    if (drab_rows && pl.drab_accum) {
+      sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, drab_accum, pl.drab_ld);
     }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return fail("launch", err);

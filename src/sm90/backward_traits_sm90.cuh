@@ -5,6 +5,9 @@
 //   dQ = dS K                       (64 query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2))
 // all from shared memory: P and dS go there as 16-bit tiles (two buffers each, so one step's writes never meet
 // the other warpgroup's reads of the step before). dQ leaves through an fp32 staging tile and a TMA reduce-add.
+// HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
+// writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
+// buffer by a TMA store once dS is in it.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -34,10 +37,11 @@ enum class BwdBarrier : uint32_t {
 //   d  64:  32 + 32 + 64 + 16 KB = 144 KB
 //   d 128:  64 + 64 + 64 + 32 KB = 224 KB
 // Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (32 fp32 each), dQ (d / 4).
-template <DType kDType, int kHeadDim_>
+template <DType kDType, int kHeadDim_, bool kHstu_>
 struct BackwardTraitsSm90 {
   using Element = ElementOf<kDType>;
   using ElementAccum = float;
+  static constexpr bool kHstu = kHstu_;
 
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head dims 64 and 128");
@@ -109,6 +113,14 @@ struct BackwardTraitsSm90 {
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // HSTU: rab and dRab as (key position rows, key position cols, h_rab, b), one (kBlockM, kBlockN) tile of the
+  // dS buffer layout per step.
+  using TmaRab = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutPdS{}),
+                                        Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
+  using GmemTensorOut =
+      decltype(cute::make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeRows{}, StrideRows{}));
+  using TmadRab = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, take<0, 2>(SmemLayoutPdS{}),
+                                         Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
 
   // The fp32 dQ workspace as (total_q, kHeadDim, h).
   using ShapedQ = Shape<int32_t, int32_t, int32_t>;
@@ -119,6 +131,7 @@ struct BackwardTraitsSm90 {
 
   static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesRab = kBlockM * kBlockN * sizeof(Element);
 
   using PipelineQdO = cutlass::PipelineTmaAsync<kStages>;
 

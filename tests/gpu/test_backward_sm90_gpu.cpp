@@ -1,10 +1,15 @@
-// GPU tests of the sm90 backward kernel (TMA + wgmma, softmax): dQ/dK/dV against the float64 CPU oracle under
+// GPU tests of the sm90 backward kernel (TMA + wgmma), softmax: dQ/dK/dV against the float64 CPU oracle under
 // the FlashAttention gradient rule (3x the error of a plain bf16/fp16 computation), every output element written
 // over a NaN poison, for odd lengths (1, 113, 1023, 4224), s_q != s_k, the d 64 and d 128 buckets and head dims
 // below them, causal with s_q != s_k (rows without keys), sliding windows, softcap, GQA and varlen with empty
 // sequences. O and LSE come from the CPU tiled forward, so a failure points at the backward.
+// HSTU (Sm90BackwardHstu): dQ/dK/dV/dRab under the HSTU rule (5x), jagged lengths with empty sequences, rab of
+// 1 and h heads with and without dRab, contexts and targets, a window, d 96 in the d 128 bucket, and the calls
+// the kernel refuses (deterministic, d != d_v) routed to the sm80 backward by auto dispatch. The wide mask and
+// length matrix runs through the sm90 backward in test_hstu_matrix_gpu.cpp.
 #include <cuda_runtime.h>
 
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -105,6 +110,79 @@ TEST_F(Sm90Backward, LongCausalGqa) {
   CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 2, 128, 1023, 1023);
   cfg.causal = true;
   check_backward(cfg);
+}
+
+class Sm90BackwardHstu : public Sm90Backward {};
+
+// Jagged lengths with empty sequences and tile tails; max_seqlen_k a multiple of 8 (16-byte rab rows).
+CaseConfig hstu_case(DType dtype, int64_t heads, int64_t head_dim, int64_t rab_heads, bool drab) {
+  CaseConfig cfg = hstu_varlen(dtype, {0, 113, 1, 0, 600, 64, 257}, heads, head_dim, /*causal=*/true, 0.1f);
+  cfg.max_seqlen_k = 600;
+  cfg.rab_heads = rab_heads;
+  cfg.drab = drab;
+  return cfg;
+}
+
+TEST_F(Sm90BackwardHstu, RabAndDrab) {
+  check_backward(hstu_case(DType::kBFloat16, 2, 128, 0, false));
+  check_backward(hstu_case(DType::kBFloat16, 3, 128, 1, false));
+  check_backward(hstu_case(DType::kBFloat16, 3, 128, 1, true));  // dRab summed over heads (atomics)
+  check_backward(hstu_case(DType::kBFloat16, 3, 128, 3, true));  // dRab per head (TMA store)
+  check_backward(hstu_case(DType::kFloat16, 2, 128, 2, true));
+  check_backward(hstu_case(DType::kFloat16, 1, 128, 1, true));   // one head: dRab stored straight
+  check_backward(hstu_case(DType::kBFloat16, 2, 64, 1, true));
+  check_backward(hstu_case(DType::kFloat16, 2, 64, 2, true));
+  CaseConfig cfg = hstu_case(DType::kBFloat16, 2, 96, 2, true);  // d 96 in the d 128 bucket
+  cfg.alpha = 1.0f;
+  check_backward(cfg);
+}
+
+TEST_F(Sm90BackwardHstu, ContextsTargetsWindow) {
+  CaseConfig cfg = hstu_case(DType::kBFloat16, 2, 128, 1, true);
+  cfg.num_contexts = {0, 99, 1, 0, 333, 7, 0};
+  cfg.num_targets = {0, 14, 0, 0, 257, 32, 1};
+  cfg.target_group_size = 11;
+  check_backward(cfg);
+  cfg.target_group_size = 1;
+  cfg.rab_heads = 2;
+  check_backward(cfg);
+  cfg.num_contexts.clear();
+  cfg.alpha = 1.0f;
+  check_backward(cfg);
+  cfg = hstu_case(DType::kFloat16, 2, 128, 2, true);
+  cfg.causal = false;
+  check_backward(cfg);
+  cfg.window_left = 70;
+  cfg.window_right = 9;
+  check_backward(cfg);
+}
+
+TEST_F(Sm90BackwardHstu, LongJagged) {
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, {1500, 0, 1111, 1, 777}, 2, 128, /*causal=*/true, 0.1f);
+  cfg.max_seqlen_k = 1504;
+  cfg.rab_heads = 1;
+  cfg.drab = true;
+  cfg.num_contexts = {333, 0, 0, 0, 99};
+  cfg.num_targets = {257, 0, 32, 1, 257};
+  cfg.target_group_size = 11;
+  check_backward(cfg);
+}
+
+// Deterministic calls and d != d_v are not the sm90 kernel's: forced they are refused, auto runs them on sm80.
+TEST_F(Sm90BackwardHstu, RefusedCallsFallBack) {
+  auto refused_by_sm90 = [](const CaseConfig& cfg, bool deterministic) {
+    Case c = Case::make(cfg, test_seed());
+    DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kBackward);
+    const Status s = attention_backward(dc.backward_args(deterministic));
+    return !s.ok();
+  };
+  const CaseConfig plain = hstu_case(DType::kBFloat16, 2, 128, 1, true);
+  EXPECT_TRUE(refused_by_sm90(plain, /*deterministic=*/true));
+  check_backward_on_device(plain, Backend::kAuto, /*deterministic=*/true, /*repeats=*/1);
+  CaseConfig narrow_v = plain;
+  narrow_v.head_dim_v = 64;
+  EXPECT_TRUE(refused_by_sm90(narrow_v, /*deterministic=*/false));
+  check_backward_on_device(narrow_v, Backend::kAuto);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The HSTU matrix on the GPU: a covering design over max lengths, contexts, targets, group sizes, alpha, rab
 // (none, 1 head, h heads; with and without dRab), head dims and dtypes. Each row runs the forward with
-// Backend::kSm80 and Backend::kAuto and the backward with Backend::kSm80 on random jagged lengths (a
+// Backend::kSm80 and Backend::kAuto and the backward with Backend::kSm80 (and Backend::kSm90 on a Hopper GPU)
+// on random jagged lengths (a
 // zero-length sequence in every row), all against the float64 oracle (out 2x, dQ/dK/dV/dRab 5x the error of
 // the plain low-precision computation), every output element written over a NaN poison.
 //
@@ -227,15 +228,23 @@ TEST_P(HstuMatrix, ForwardAndBackward) {
     dc.download_forward();
     EXPECT_TRUE(check_close("out", c.out, refs.plain.out, refs.ref.out, kForwardFactor));
   }
-  const Status s = attention_backward(dc.backward_args(/*deterministic=*/false));
-  ASSERT_TRUE(s.ok()) << s.message;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dc.download_gradients();
-  EXPECT_TRUE(check_close("dq", c.dq, refs.plain.dq, refs.ref.dq, kHstuFactor));
-  EXPECT_TRUE(check_close("dk", c.dk, refs.plain.dk, refs.ref.dk, kHstuFactor));
-  EXPECT_TRUE(check_close("dv", c.dv, refs.plain.dv, refs.ref.dv, kHstuFactor));
-  if (cfg.drab) {
-    EXPECT_TRUE(check_close("drab", c.drab, refs.plain.drab, refs.ref.drab, kHstuFactor));
+  std::vector<Backend> backward_backends = {Backend::kSm80};
+  if (is_hopper()) backward_backends.push_back(Backend::kSm90);
+  for (Backend backend : backward_backends) {
+    SCOPED_TRACE(std::string("backward ") + backend_name(backend));
+    BackwardArgs args = dc.backward_args(/*deterministic=*/false);
+    args.problem.backend = backend;
+    dc.poison_gradients();
+    const Status s = attention_backward(args);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dc.download_gradients();
+    EXPECT_TRUE(check_close("dq", c.dq, refs.plain.dq, refs.ref.dq, kHstuFactor));
+    EXPECT_TRUE(check_close("dk", c.dk, refs.plain.dk, refs.ref.dk, kHstuFactor));
+    EXPECT_TRUE(check_close("dv", c.dv, refs.plain.dv, refs.ref.dv, kHstuFactor));
+    if (cfg.drab) {
+      EXPECT_TRUE(check_close("drab", c.drab, refs.plain.drab, refs.ref.drab, kHstuFactor));
+    }
   }
 }
 

@@ -59,5 +59,13 @@ TEST(Sanitize, Sm90ForwardHstu) {
 
 TEST(Sanitize, Sm90BackwardSoftmax) { check_backward_on_device(small_softmax(128), Backend::kSm90); }
 
+TEST(Sanitize, Sm90BackwardHstu) { check_backward_on_device(small_hstu(128), Backend::kSm90); }
+
+TEST(Sanitize, Sm90BackwardHstuDrabPerHead) {
+  CaseConfig cfg = small_hstu(64);
+  cfg.rab_heads = cfg.heads;
+  check_backward_on_device(cfg, Backend::kSm90);
+}
+
 }  // namespace
 }  // namespace cuteattn::test
