@@ -75,8 +75,9 @@ Status find_entry(const Params& p, Backend backend, bool backward, const KernelE
 }
 
 // Forward scratch for calls without a workspace: one zeroed buffer per (device, stream), allocated on first use
-// and kept for the life of the process. Calls on one stream run in order, and the forward kernels leave the
-// buffer as they found it (the sm90 tile counter returns to zero), so the calls of a stream share it.
+// and kept for the life of the process. Calls on one stream run in order, so the calls of a stream share it:
+// what the forward kernels read there they either leave as they found it (the sm90 tile counter returns to
+// zero) or write first in the same call (split-KV partials).
 // *out stays null when the buffer would have to be allocated while the stream is being captured (cudaMalloc
 // is not allowed then): the caller allocates for the call instead.
 Status stream_scratch(int device, cudaStream_t stream, size_t bytes, void** out) {

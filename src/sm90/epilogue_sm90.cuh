@@ -3,7 +3,7 @@
 // TMA store where the traits have room for one (kStoreOWithTma) and the warpgroup's 64 rows lie inside the
 // sequence; otherwise (varlen tiles ending inside the next sequence, large head dims, packed GQA tiles whose rows
 // are (query row, head) pairs) straight from registers, predicated on the sequence's rows. Also the O = 0 /
-// LSE = -inf tile for rows that see no key.
+// LSE = -inf tile for rows that see no key. Split-KV tiles write fp32 partials into the workspace instead.
 #pragma once
 
 #include <cmath>
@@ -40,6 +40,10 @@ struct ForwardEpilogueSm90 {
     const detail::Params& p = kp.params;
     cute::Tensor tOrO_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
     scale_rows(tOrO_rc, inv_sum);
+    if constexpr (Traits::kSplitKv) {
+      store_partial(kp, w, tid, tOrO, lse);
+      return;
+    }
     store(kp, ss, w, tid, tOrO);
     if (p.lse == nullptr || tid % 4 != 0) return;
     cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
@@ -80,6 +84,13 @@ struct ForwardEpilogueSm90 {
     const detail::Params& p = kp.params;
     const int wg = tid / 128, t = tid % 128;
     const int batch = w.coord.batch;
+    if constexpr (Traits::kSplitKv) {
+      // A split without keys: LSE = -inf, which the combine weighs 0 (its partial O is never read).
+      const RowHead rh = row_head(kp, w, wg * kRowsPerWG, t);
+      if (t < kRowsPerWG && rh.row < w.seq.sq)
+        kp.lse_partial[w.split * kp.partial_rows + w.seq.lse_index(p, batch, rh.head, rh.row)] = -INFINITY;
+      return;
+    }
     Element* o = static_cast<Element*>(p.o.ptr);
     // Not unrolled: unrolled, ptxas computed every chunk's (row, column) once before the persistent loop and
     // kept them for this rare path, which spilled.
@@ -153,6 +164,30 @@ struct ForwardEpilogueSm90 {
         if (col < p.head_dim_v)
           *reinterpret_cast<uint32_t*>(o_row + col) = pack2(tOrOut_rc(r, c), tOrOut_rc(r, c + 1));
       }
+    }
+  }
+
+  // Split-KV: the normalised O of this split (fp32) and its LSE into the workspace partials, at row
+  // split * partial_rows + lse_index(batch, head, row) of (rows, d) and (rows) (Sm90Forward::workspace_bytes).
+  template <class KernelParams, class FragO, int kRows>
+  CUTE_DEVICE static void store_partial(KernelParams const& kp, TileWork const& w, int tid, FragO const& tOrO,
+                                        float const (&lse)[kRows]) {
+    const detail::Params& p = kp.params;
+    cute::Tensor tOcO_rc = row_col_coords(tid);                                          // (rows, cols)
+    cute::Tensor tOrO_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
+    static_assert(decltype(size<0>(tOrO_rc))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
+      if (rh.row >= w.seq.sq) continue;
+      const int64_t idx = w.split * kp.partial_rows + w.seq.lse_index(p, w.coord.batch, rh.head, rh.row);
+      float* o_row = kp.o_partial + idx * p.head_dim;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(tOrO_rc); c += 2) {
+        const int col = get<1>(tOcO_rc(r, c));
+        if (col < p.head_dim) *reinterpret_cast<float2*>(o_row + col) = make_float2(tOrO_rc(r, c), tOrO_rc(r, c + 1));
+      }
+      if (tid % 4 == 0) kp.lse_partial[idx] = lse[r];
     }
   }
 

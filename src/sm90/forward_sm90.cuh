@@ -2,7 +2,9 @@
 // two or three consumer warpgroups with setmaxnreg, persistent over tiles) and its host side: what it supports,
 // the TMA descriptors and the launch. One kernel for both score functions: softmax (online softmax, LSE) and
 // HSTU (rab tile through TMA, SiLU, no normalisation), a compile-time branch on the traits' kHstu; softmax GQA
-// with few query rows packs a kv head's query heads into one tile (kPackGqa, Sm90Forward::pack_gqa).
+// with few query rows packs a kv head's query heads into one tile (kPackGqa, Sm90Forward::pack_gqa); softmax
+// tiles too few to fill the GPU split their key range over several CTAs and a combine kernel merges the partials
+// (kSplitKv, Sm90Forward::num_splits).
 // Instantiated by tools/generate_instances.py for sm_90a only.
 #pragma once
 
@@ -14,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -34,6 +37,7 @@
 #include "sm90/named_barriers_sm90.cuh"
 #include "sm90/softmax_sm90.cuh"
 #include "sm90/tile_scheduler_sm90.cuh"
+#include "cuda/split_kv_combine.cuh"
 
 namespace cuteattn::sm90 {
 
@@ -52,13 +56,27 @@ struct ForwardKernelParams {
   ScoreTransform score;
   typename Traits::TmaRab tma_rab;       // HSTU with rab only
   typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
+  // Split-KV only (Traits::kSplitKv): tile t is key chunk t % num_splits of scheduler tile t / num_splits; its
+  // partials go to the workspace, split s at rows [s * partial_rows, (s + 1) * partial_rows).
+  int num_splits;
+  int64_t partial_rows;  // h * total_q
+  float* o_partial;      // (num_splits * partial_rows, d)
+  float* lse_partial;    // (num_splits * partial_rows)
 };
 
 // The work of `tile`, planned alike by the producer and the consumers.
 template <class Traits>
 CUTE_DEVICE TileWork plan_tile(ForwardKernelParams<Traits> const& kp, int tile) {
-  return TileWork::plan<Traits::kBlockM, Traits::kBlockN, Traits::kHstu, Traits::kPackGqa>(
-      kp.params, kp.scheduler.decode(tile), kp.heads_per_kv);
+  if constexpr (Traits::kSplitKv) {
+    const int base = tile / kp.num_splits;
+    TileWork w = TileWork::plan<Traits::kBlockM, Traits::kBlockN, false, Traits::kPackGqa>(
+        kp.params, kp.scheduler.decode(base), kp.heads_per_kv);
+    w.keep_split<Traits::kBlockN>(tile - base * kp.num_splits, kp.num_splits);
+    return w;
+  } else {
+    return TileWork::plan<Traits::kBlockM, Traits::kBlockN, Traits::kHstu, Traits::kPackGqa>(
+        kp.params, kp.scheduler.decode(tile), kp.heads_per_kv);
+  }
 }
 
 template <class Traits>
@@ -240,7 +258,18 @@ struct Sm90Forward {
   // (tile_scheduler_sm90.cuh) from a counter, the workspace's first int. launch zeroes it on the stream (a
   // caller's workspace may hold anything); the kernel leaves it zero.
   static bool dynamic_schedule(const Params& p) { return p.window_right >= 0 || p.window_left >= 0 || p.varlen; }
-  static size_t workspace_bytes(const Params& p) { return dynamic_schedule(p) ? 16 : 0; }
+  // Split-KV adds the partials after the counter's 256 bytes: LSE (num_splits * h * total_q floats, rounded up to
+  // 256 bytes), then O (d floats per row).
+  static constexpr size_t kPartialsOffset = 256;
+  static size_t partial_lse_bytes(const Params& p, int splits) {
+    return (size_t(splits) * size_t(p.heads * p.total_q) * sizeof(float) + 255) / 256 * 256;
+  }
+  static size_t workspace_bytes(const Params& p) {
+    const int splits = num_splits(p);
+    if (splits == 1) return dynamic_schedule(p) ? 16 : 0;
+    return kPartialsOffset + partial_lse_bytes(p, splits) +
+           size_t(splits) * size_t(p.heads * p.total_q) * size_t(p.head_dim) * sizeof(float);
+  }
 
   // Softmax d 128 over long key ranges runs the wide-key kernel (kBlockN 176); a sliding window or short keys
   // keep 128-key blocks, whose TMA-store epilogue and second Q slot serve short tiles (kernel_traits_sm90.cuh).
@@ -294,9 +323,65 @@ struct Sm90Forward {
     return 8 * packed <= 7 * unpacked;
   }
 
+  // Split-KV (FlashDecoding): where the tiles (packed or not) fill under 80% of the SMs, each tile's key blocks are
+  // cut into num_splits contiguous chunks, one tile each (kSplitKv, TileWork::keep_split), and a combine kernel
+  // merges the fp32 partials (cuda/split_kv_combine.cuh). The count follows FlashAttention's heuristic: the
+  // smallest count whose wave efficiency tiles * splits / (SMs * waves) is within 85% of the best, among the
+  // counts that shorten the chunks, with at least kMinBlocksPerSplit key blocks per chunk and at most kMaxSplits.
+  // Softmax d 64 and 128 without a sliding window (a window's few visible blocks would leave most chunks
+  // empty). Environment CUTEATTN_SM90_NUM_SPLITS=<n> forces n (1 to 128; 1 = unsplit) for every call of these
+  // buckets: tests and A/B timing (bench/gqa_short_queries.py).
+  static constexpr bool kHasSplitKv = !kHstu && (kHeadDim == 64 || kHeadDim == 128);
+  static constexpr int kMaxSplits = 128;
+  static constexpr int64_t kMinBlocksPerSplit = 4;
+  static int num_splits(const Params& p) {
+    if (!kHasSplitKv) return 1;
+    constexpr int64_t kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;  // the split kernels' (base tiles)
+    const bool packed = pack_gqa(p);
+    const int64_t rows = packed ? p.seqlen_q * (p.heads / p.heads_k) : p.seqlen_q;
+    const int64_t tiles = (rows + kBlockM - 1) / kBlockM * (packed ? p.heads_k : p.heads) * p.batch;
+    if (tiles == 0 || tiles * kMaxSplits >= (int64_t(1) << 31)) return 1;  // tile indices stay 32-bit
+    // Read on every call (tests switch it between calls).
+    const char* forced = std::getenv("CUTEATTN_SM90_NUM_SPLITS");
+    if (forced != nullptr && forced[0] != '\0') return int(std::clamp<long>(std::atol(forced), 1, kMaxSplits));
+    if (p.window_left >= 0) return 1;
+    const int64_t sms = std::max(DeviceProperties::of(p.device_index).sms, 1);
+    if (tiles * 10 >= sms * 8) return 1;
+    const int64_t blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    const int max_splits = int(std::min<int64_t>(kMaxSplits, blocks / kMinBlocksPerSplit));
+    auto efficiency = [&](int n) {
+      const double waves = double(tiles * n) / double(sms);
+      return waves / std::ceil(waves);
+    };
+    // Counts that leave the chunk length of n - 1 add tiles but no shorter critical path: not eligible.
+    auto eligible = [&](int n) { return n == 1 || (blocks + n - 1) / n != (blocks + n - 2) / (n - 1); };
+    double best = 0.0;
+    for (int n = 1; n <= max_splits; ++n) {
+      if (eligible(n)) best = std::max(best, efficiency(n));
+    }
+    for (int n = 1; n <= max_splits; ++n) {
+      if (eligible(n) && efficiency(n) >= 0.85 * best) return n;
+    }
+    return 1;
+  }
+
   static Status launch(const Params& p, void* workspace) {
     Status s = supports(p);
     if (!s.ok()) return s;
+    if constexpr (kHasSplitKv) {
+      const int splits = num_splits(p);
+      if (splits > 1) {
+        if (workspace == nullptr)
+          return Status::Invalid("workspace", "null, but this split-KV call needs " +
+                                                  std::to_string(workspace_bytes(p)) + " bytes");
+        s = pack_gqa(p) ? launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, false, false, true, true>>(
+                              p, workspace, splits)
+                        : launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, false, false, false, true>>(
+                              p, workspace, splits);
+        if (!s.ok()) return s;
+        return combine_splits(p, workspace, splits);
+      }
+    }
     if constexpr (kHasPackGqa) {
       if (pack_gqa(p)) {
         return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, false, false, true>>(p, workspace);
@@ -313,8 +398,26 @@ struct Sm90Forward {
     return launch_with<Traits>(p, workspace);
   }
 
+  // The combine of the split partials into O and LSE (every row of h * total_q, rows without keys included).
+  static Status combine_splits(const Params& p, void* workspace, int splits) {
+    char* base = static_cast<char*>(workspace) + kPartialsOffset;
+    SplitKvCombineParams c;
+    c.lse_partial = reinterpret_cast<float const*>(base);
+    c.o_partial = reinterpret_cast<float const*>(base + partial_lse_bytes(p, splits));
+    c.rows = p.heads * p.total_q;
+    c.num_splits = splits;
+    c.head_dim = int(p.head_dim);
+    c.o = p.o;
+    c.lse = p.lse;
+    c.varlen = p.varlen;
+    c.seqlen_q = p.seqlen_q;
+    c.total_q = p.total_q;
+    c.heads = p.heads;
+    return launch_split_kv_combine<Element>(c, static_cast<cudaStream_t>(p.stream));
+  }
+
   template <class T>
-  static Status launch_with(const Params& p, void* workspace) {
+  static Status launch_with(const Params& p, void* workspace, int splits = 1) {
     using namespace cute;
     const int rows_q = int(p.varlen ? p.total_q : p.seqlen_q);
     const int rows_k = int(p.varlen ? p.total_k : p.seqlen_k);
@@ -352,7 +455,17 @@ struct Sm90Forward {
         int(p.heads / p.heads_k),
         {},
         {},
-        {}};
+        {},
+        splits,
+        0,
+        nullptr,
+        nullptr};
+    if constexpr (T::kSplitKv) {
+      char* base = static_cast<char*>(workspace) + kPartialsOffset;
+      kp.partial_rows = p.heads * p.total_q;
+      kp.lse_partial = reinterpret_cast<float*>(base);
+      kp.o_partial = reinterpret_cast<float*>(base + partial_lse_bytes(p, splits));
+    }
 
     // Dispatch made p.device_index current.
     const DeviceProperties device = DeviceProperties::of(p.device_index);
@@ -364,7 +477,7 @@ struct Sm90Forward {
     sch.num_m_blocks = int((tile_rows + T::kBlockM - 1) / T::kBlockM);
     sch.heads = int(tile_heads);
     sch.num_bh = int(tile_heads * p.batch);
-    sch.num_tiles = sch.num_m_blocks * sch.num_bh;
+    sch.num_tiles = sch.num_m_blocks * sch.num_bh * splits;
     sch.longest_first = p.window_right >= 0;
     const int64_t kv_bytes_per_head =
         std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / tile_heads);

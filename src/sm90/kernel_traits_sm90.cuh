@@ -121,8 +121,10 @@ struct OStorage<true, Element, SmemLayoutO> {
 // kPackGqa: the query heads of a GQA group share the rows of a tile (Sm90Forward::pack_gqa; the row mapping is
 // tile_scheduler_sm90.cuh's unpack_row): the producer loads Q with cp.async (a row of the tile gathers one head's
 // row of Q, which no TMA box describes) and the epilogue stores O from registers.
+// kSplitKv: each tile's key blocks are split into contiguous chunks run by separate tiles (Sm90Forward::num_splits),
+// which write fp32 partial O and LSE into the workspace for the combine kernel (cuda/split_kv_combine.cuh).
 template <DType kDType, int kHeadDim_, bool kHstu_, bool kWideKeys_ = false, bool kLongRows_ = false,
-          bool kPackGqa_ = false>
+          bool kPackGqa_ = false, bool kSplitKv_ = false>
 struct ForwardTraitsSm90 {
   using Element = ElementOf<kDType>;
   using ElementAccum = float;
@@ -131,6 +133,8 @@ struct ForwardTraitsSm90 {
   static constexpr bool kWideKeys = kWideKeys_;
   static constexpr bool kLongRows = kLongRows_;
   static constexpr bool kPackGqa = kPackGqa_;
+  static constexpr bool kSplitKv = kSplitKv_;
+  static_assert(!kSplitKv || (!kHstu && !kWideKeys && !kLongRows), "split keys: the softmax base tiles only");
   static_assert(!kWideKeys || (!kHstu && kHeadDim_ == 128), "wide key blocks: softmax d 128 only");
   static_assert(!kLongRows || (!kHstu && kHeadDim_ == 64), "long rows: softmax d 64 only");
   static_assert(!kPackGqa || (!kHstu && !kWideKeys && !kLongRows), "packed GQA: the softmax base tiles only");
@@ -208,7 +212,7 @@ struct ForwardTraitsSm90 {
   static constexpr int kBytesMain = kBlockM * kHeadDim * int(sizeof(Element)) +
                                     kStages * (2 * kBlockN * kHeadDim + (kHstu ? kBlockM * kBlockN : 0)) *
                                         int(sizeof(Element));
-  static constexpr bool kStoreOWithTma = !kPackGqa && kBytesMain + kBytesO + 1024 <= 227 * 1024;
+  static constexpr bool kStoreOWithTma = !kPackGqa && !kSplitKv && kBytesMain + kBytesO + 1024 <= 227 * 1024;
   // Q slots: a second one where the budget still has room (softmax d <= 128), so the producer loads the next
   // tile's Q while the consumers work on this one; short tiles (causal s 512) otherwise wait for it.
   static constexpr int kQueryStages =

@@ -135,6 +135,7 @@ struct TileWork {
   int64_t m0 = 0;  // first query row of the tile within its sequence
   int n_min = 0, n_max = 0;
   int hole_lo = 0, hole_hi = 0;  // n_min < hole_lo <= hole_hi < n_max, or both 0
+  int split = 0;                 // split-KV: the key chunk of the tile (keep_split); 0 otherwise
 
   // Softmax masks are windows only (supports() refuses contexts and targets): the contextual and target
   // fields are set to the constants that say so, which lets the compiler drop their paths, among them the
@@ -182,6 +183,18 @@ struct TileWork {
       }
     }
     return w;
+  }
+  // Split-KV (softmax, no hole): keeps the blocks of chunk `s` of the sequence's key blocks cut into `num_splits`
+  // contiguous chunks of ceil(blocks / num_splits); a chunk outside [n_min, n_max) leaves the tile no key.
+  template <int kBlockN>
+  CUTEATTN_HD void keep_split(int s, int num_splits) {
+    split = s;
+    const int blocks = int((seq.sk + kBlockN - 1) / kBlockN);
+    const int per = (blocks + num_splits - 1) / num_splits;
+    const int lo = s * per, hi = lo + per;
+    n_min = n_min > lo ? n_min : lo;
+    n_max = n_max < hi ? n_max : hi;
+    if (n_min >= n_max) n_min = n_max = 0;
   }
   // Blocks run from n_max - 1 down to n_min (the masked diagonal under causal first); the block after n,
   // below n_min when n was the last.

@@ -8,7 +8,8 @@
 // one-row sequences, several tiles per CTA, every bucket, and d != d_v routed to sm80. The workspace: a
 // caller's (dirty, reused across calls), none when tiles are scheduled statically, too small. Packed GQA (the
 // query heads of a kv head in one tile): groups of 2 to 16, short and forced-long query ranges, every mask,
-// varlen.
+// varlen. Split-KV (a tile's key blocks over several CTAs, then a combine): forced and default split counts,
+// packed and not, every mask, splits without keys, varlen with empty sequences, a caller's dirty workspace.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -32,6 +33,15 @@ class Sm90Forward : public ::testing::Test {
   void SetUp() override {
     if (!is_hopper()) GTEST_SKIP() << "the sm90 kernels need a Hopper GPU";
   }
+};
+
+// Sets CUTEATTN_SM90_NUM_SPLITS (which forces the split-KV count; 1 = unsplit) for its lifetime; unset after.
+class ForceNumSplits {
+ public:
+  explicit ForceNumSplits(int n) { setenv("CUTEATTN_SM90_NUM_SPLITS", std::to_string(n).c_str(), 1); }
+  ~ForceNumSplits() { unsetenv("CUTEATTN_SM90_NUM_SPLITS"); }
+  ForceNumSplits(const ForceNumSplits&) = delete;
+  ForceNumSplits& operator=(const ForceNumSplits&) = delete;
 };
 
 TEST_F(Sm90Forward, OddLengths) {
@@ -179,6 +189,7 @@ TEST_F(Sm90Forward, ThreeWarpGroupTiles) {
     ADD_FAILURE() << "no sm90 d 64 kernel in this build (CUTEATTN_HDIMS); not tested";
     return;
   }
+  ForceNumSplits unsplit(1);  // these few tiles over long key ranges would split by default
   for (int64_t s : {1, 191, 193, 385}) {
     for (bool causal : {false, true}) {
       CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, 64, s, 4224);
@@ -211,6 +222,7 @@ TEST_F(Sm90Forward, ThreeWarpGroupTiles) {
 // A small case of the three-warpgroup kernel for compute-sanitizer (scripts/gpu-sanitize): varlen (dynamic
 // handoff) over 1100 keys, two query tiles in one sequence, GQA.
 TEST_F(Sm90Forward, ThreeWarpGroupTilesSanitize) {
+  ForceNumSplits unsplit(1);
   check_forward(softmax_varlen(DType::kBFloat16, {200, 7}, {1100, 300}, 4, 2, 64));
 }
 
@@ -222,6 +234,7 @@ TEST_F(Sm90Forward, WideKeyBlocks) {
     ADD_FAILURE() << "no sm90 d 128 kernel in this build (CUTEATTN_HDIMS); not tested";
     return;
   }
+  ForceNumSplits unsplit(1);  // these few tiles over long key ranges would split by default
   for (bool causal : {false, true}) {
     CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 4, 2, 128, 300, 4100);
     cfg.causal = causal;
@@ -573,6 +586,118 @@ TEST_F(Sm90Forward, WorkspaceTooSmallIsRefused) {
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
   EXPECT_EQ(s.message.rfind("workspace:", 0), 0u) << s.message;
   cudaFree(workspace);
+}
+
+// ---- Split-KV (Sm90Forward::num_splits: a tile's key blocks over several CTAs, partials merged after) ----
+
+// Query lengths 1 to 113 against key lengths 1 to 16500, every pair, with the split count forced to 2, 3, 7, 64
+// or left to the default (which splits the long key ranges of these few tiles), packed GQA (g 4; s_q 113 is
+// not packed) and MHA by turns, causal every third pair (bottom-right: s_q > s_k leaves rows without keys),
+// both dtypes. Counts past the key blocks leave splits without keys (LSE -inf partials).
+TEST_F(Sm90Forward, SplitKvShapes) {
+  const int64_t queries[] = {1, 3, 16, 113};
+  const int64_t keys[] = {1, 129, 1023, 4224, 16500};
+  const int forced[] = {2, 3, 7, 64, 0};
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    int i = 0;
+    for (int64_t sq : queries) {
+      for (int64_t sk : keys) {
+        if (sq == 113 && sk == 16500) continue;  // the float64 oracle's longest case, covered at s_q 16
+        const bool gqa = i % 2 == 0;
+        CaseConfig cfg = softmax_fixed(i % 3 == 1 ? DType::kFloat16 : DType::kBFloat16, sk > 4224 ? 1 : 2,
+                                       gqa ? 8 : 2, 2, d, sq, sk);
+        cfg.causal = i % 3 == 0;
+        const int n = forced[(i + int(d / 64)) % 5];
+        SCOPED_TRACE("splits " + (n == 0 ? std::string("default") : std::to_string(n)));
+        if (n > 0) {
+          ForceNumSplits splits(n);
+          check_forward(cfg);
+        } else {
+          check_forward(cfg);
+        }
+        ++i;
+      }
+    }
+  }
+}
+
+// Masks on split tiles: a sliding window whose key range misses most splits (and cuts the others' blocks),
+// softcap, causal with s_q > s_k (rows without keys in every split), packed and not; varlen with one-row and
+// empty query sequences and key-less sequences (dynamic handoff), forced 3 and 64.
+TEST_F(Sm90Forward, SplitKvMasksAndVarlen) {
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    {
+      ForceNumSplits splits(7);
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 8, 2, d, 16, 4224);
+      cfg.window_left = 100;
+      cfg.window_right = 0;
+      check_forward(cfg);
+      cfg = softmax_fixed(DType::kFloat16, 1, 4, 4, d, 3, 1023);
+      cfg.window_left = 200;
+      cfg.window_right = 30;
+      check_forward(cfg);
+      cfg = softmax_fixed(DType::kFloat16, 1, 16, 2, d, 5, 3000);
+      cfg.softcap = 7.0f;
+      cfg.causal = true;
+      check_forward(cfg);
+      cfg = softmax_fixed(DType::kBFloat16, 2, 4, 2, d, 300, 129);
+      cfg.causal = true;
+      check_forward(cfg);
+    }
+    for (int n : {3, 64}) {
+      ForceNumSplits splits(n);
+      for (bool causal : {false, true}) {
+        CaseConfig cfg = softmax_varlen(DType::kBFloat16, {0, 1, 37, 0, 16, 1, 113},
+                                        {300, 4224, 129, 0, 1023, 0, 2000}, 8, 2, d);
+        cfg.causal = causal;
+        check_forward(cfg);
+        cfg = softmax_varlen(DType::kFloat16, {1, 3, 0, 1}, {1500, 0, 7, 2}, 4, 4, d);
+        cfg.causal = causal;
+        check_forward(cfg);
+      }
+    }
+  }
+}
+
+// The default choice: decode over long keys splits (its workspace grows past the tile counter's), a grid the
+// tiles fill does not; an explicit 1 runs the unsplit kernel. Checked against the oracle either way.
+TEST_F(Sm90Forward, SplitKvDefaultChoice) {
+  for (int64_t d : {64, 128}) {
+    if (!has_sm90_head_dim(d)) continue;
+    auto bytes = [](const CaseConfig& cfg) {
+      Case c = Case::make(cfg, 1);
+      DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kForward);
+      return forward_workspace_bytes(dc.forward_args());
+    };
+    const CaseConfig decode = softmax_fixed(DType::kBFloat16, 1, 8, 2, d, 1, 16500);
+    EXPECT_GT(bytes(decode), 256u) << "decode over 16500 keys on 2 tiles should split";
+    check_forward(decode);
+    const CaseConfig full = softmax_fixed(DType::kBFloat16, 1, 200, 200, d, 1, 1023);
+    EXPECT_EQ(bytes(full), 0u) << "200 tiles fill the GPU: no split";
+    ForceNumSplits unsplit(1);
+    EXPECT_EQ(bytes(decode), 0u);
+    check_forward(decode);
+  }
+}
+
+// A split call through a caller's workspace filled with 0xff (partials and counter overwritten, never trusted),
+// twice: fixed lengths (static schedule) and varlen (dynamic handoff).
+TEST_F(Sm90Forward, SplitKvCallerWorkspace) {
+  ForceNumSplits splits(5);
+  check_forward_with_workspace(softmax_fixed(DType::kBFloat16, 2, 8, 2, 128, 3, 2000));
+  CaseConfig cfg = softmax_varlen(DType::kFloat16, {1, 0, 20}, {1000, 5, 0}, 4, 2, 64);
+  cfg.causal = true;
+  if (has_sm90_head_dim(64)) check_forward_with_workspace(cfg);
+}
+
+// A small split case for compute-sanitizer: varlen (dynamic handoff), causal, packed g 4, a split without keys.
+TEST_F(Sm90Forward, SplitKvSanitize) {
+  ForceNumSplits splits(3);
+  CaseConfig cfg = softmax_varlen(DType::kBFloat16, {2, 1}, {600, 129}, 8, 2, 128);
+  cfg.causal = true;
+  check_forward(cfg);
 }
 
 // d != d_v has no sm90 kernel: the sm90 entry says so, and the auto backend serves it with sm80.
