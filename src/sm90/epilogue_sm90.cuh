@@ -181,11 +181,11 @@ struct ForwardEpilogueSm90 {
       const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
       if (rh.row >= w.seq.sq) continue;
       const int64_t idx = w.split * kp.partial_rows + w.seq.lse_index(p, w.coord.batch, rh.head, rh.row);
-      float* o_row = kp.o_partial + idx * p.head_dim;
+      float* o_row = kp.o_partial + idx * p.head_dim_v;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrO_rc); c += 2) {
         const int col = get<1>(tOcO_rc(r, c));
-        if (col < p.head_dim) *reinterpret_cast<float2*>(o_row + col) = make_float2(tOrO_rc(r, c), tOrO_rc(r, c + 1));
+        if (col < p.head_dim_v) *reinterpret_cast<float2*>(o_row + col) = make_float2(tOrO_rc(r, c), tOrO_rc(r, c + 1));
       }
       if (tid % 4 == 0) kp.lse_partial[idx] = lse[r];
     }

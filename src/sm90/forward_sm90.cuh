@@ -218,8 +218,9 @@ struct Sm90Forward {
     };
     if (p.score != kScore) return refuse("score function mismatch");
     if (p.dtype != kDType) return refuse("dtype mismatch");
-    if (p.head_dim != p.head_dim_v) return refuse("needs d == d_v (the sm80 kernel serves d != d_v)");
+    // d != d_v: both within the bucket; the columns past either are zero-filled by TMA and never stored.
     if (p.head_dim > kHeadDim || p.head_dim % 8 != 0) return refuse("needs d <= bucket and d % 8 == 0");
+    if (p.head_dim_v > kHeadDim || p.head_dim_v % 8 != 0) return refuse("needs d_v <= bucket and d_v % 8 == 0");
     if (kHstu) {
       if (p.heads_k != p.heads) return refuse("HSTU needs h_k == h");
       if (p.rab != nullptr) {
@@ -268,7 +269,7 @@ struct Sm90Forward {
     const int splits = num_splits(p);
     if (splits == 1) return dynamic_schedule(p) ? 16 : 0;
     return kPartialsOffset + partial_lse_bytes(p, splits) +
-           size_t(splits) * size_t(p.heads * p.total_q) * size_t(p.head_dim) * sizeof(float);
+           size_t(splits) * size_t(p.heads * p.total_q) * size_t(p.head_dim_v) * sizeof(float);
   }
 
   // Softmax d 128 over long key ranges runs the wide-key kernel (kBlockN 176); a sliding window or short keys
@@ -406,7 +407,7 @@ struct Sm90Forward {
     c.o_partial = reinterpret_cast<float const*>(base + partial_lse_bytes(p, splits));
     c.rows = p.heads * p.total_q;
     c.num_splits = splits;
-    c.head_dim = int(p.head_dim);
+    c.head_dim = int(p.head_dim_v);
     c.o = p.o;
     c.lse = p.lse;
     c.varlen = p.varlen;
@@ -426,25 +427,25 @@ struct Sm90Forward {
     auto stride_of = [](int64_t extent, int64_t stride, int64_t fallback) {
       return extent == 1 ? fallback : stride;
     };
-    auto make_view = [&](const RowMajorView& t, int rows, int64_t heads, auto* element) {
+    auto make_view = [&](const RowMajorView& t, int rows, int64_t cols, int64_t heads, auto* element) {
       const int64_t big = int64_t(rows) * t.row_stride;
       return cute::make_tensor(make_gmem_ptr(static_cast<decltype(element)>(t.ptr)),
-                         make_shape(rows, int(p.head_dim), int(heads), batches),
+                         make_shape(rows, int(cols), int(heads), batches),
                          make_stride(t.row_stride, _1{}, stride_of(heads, t.head_stride, big),
                                      stride_of(batches, t.batch_stride, big)));
     };
     Element const* const kIn = nullptr;  // element types of the views: loads read, the store writes
     Element* const kOut = nullptr;
     sm90::ForwardKernelParams<T> kp{
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads, kIn), typename T::SmemLayoutQ{},
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.head_dim, p.heads, kIn), typename T::SmemLayoutQ{},
                       Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.heads_k, kIn),
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.k, rows_k, p.head_dim, p.heads_k, kIn),
                       take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{},
                       _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k, kIn),
+        make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.head_dim_v, p.heads_k, kIn),
                       take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{},
                       _1{}),
-        make_tma_copy(SM90_TMA_STORE{}, make_view(p.o, rows_q, p.heads, kOut),
+        make_tma_copy(SM90_TMA_STORE{}, make_view(p.o, rows_q, p.head_dim_v, p.heads, kOut),
                       take<0, 2>(typename T::SmemLayoutO{}),
                       Shape<Int<T::kRowsPerWarpGroup>, Int<kHeadDim>>{}, _1{}),
         make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
@@ -479,8 +480,8 @@ struct Sm90Forward {
     sch.num_bh = int(tile_heads * p.batch);
     sch.num_tiles = sch.num_m_blocks * sch.num_bh * splits;
     sch.longest_first = p.window_right >= 0;
-    const int64_t kv_bytes_per_head =
-        std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(sizeof(Element)) * p.heads_k / tile_heads);
+    const int64_t kv_bytes_per_head = std::max<int64_t>(
+        1, p.seqlen_k * (p.head_dim + p.head_dim_v) * int64_t(sizeof(Element)) * p.heads_k / tile_heads);
     sch.section = int(std::min<int64_t>(std::max<int64_t>(1, device.l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
     if (sch.num_tiles == 0) return Status::Ok();
     auto stream = static_cast<cudaStream_t>(p.stream);

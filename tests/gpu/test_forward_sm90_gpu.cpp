@@ -5,7 +5,7 @@
 // build, key-block widths that are no power of 2, the wide-key d 128 kernel and the three-warpgroup d 64 kernel
 // (192-row tiles). HSTU (jagged): rab with none / 1 / h heads, every HSTU mask (causal, window, contextual,
 // targets with group sizes), many targets (hidden key blocks skipped), alpha and scaling_seqlen, zero-length and
-// one-row sequences, several tiles per CTA, every bucket, and d != d_v routed to sm80. The workspace: a
+// one-row sequences, several tiles per CTA, every bucket. d != d_v (softmax and HSTU). The workspace: a
 // caller's (dirty, reused across calls), none when tiles are scheduled statically, too small. Packed GQA (the
 // query heads of a kv head in one tile): groups of 2 to 16, short and forced-long query ranges, every mask,
 // varlen. Split-KV (a tile's key blocks over several CTAs, then a combine): forced and default split counts,
@@ -700,15 +700,35 @@ TEST_F(Sm90Forward, SplitKvSanitize) {
   check_forward(cfg);
 }
 
-// d != d_v has no sm90 kernel: the sm90 entry says so, and the auto backend serves it with sm80.
-TEST_F(Sm90Forward, HstuDifferentValueDimGoesToSm80) {
-  CaseConfig cfg = hstu(DType::kBFloat16, {100, 37}, 2, 64);
-  cfg.head_dim_v = 128;
-  EXPECT_FALSE(auto_picks_sm90(cfg));
-  Case c = Case::make(cfg, 1);
-  DeviceCase dc(c, Backend::kSm90, DeviceCase::Pass::kForward);
-  const Status s = attention_forward(dc.forward_args());
-  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+// d != d_v within the bucket of max(d, d_v) (the columns past d or d_v are zero-filled by TMA and never
+// stored): 192/128 (DeepSeek's multi-head latent attention), 128/64, 64/128; causal, varlen with an empty
+// sequence, packed GQA (its own O stores), split-KV (its fp32 partials and combine), HSTU.
+TEST_F(Sm90Forward, DifferentValueDims) {
+  const int64_t dims[][2] = {{192, 128}, {128, 64}, {64, 128}};
+  for (auto [d, dv] : dims) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 4, 2, d, 257, 300);
+    cfg.head_dim_v = dv;
+    cfg.causal = true;
+    if (!auto_picks_sm90(cfg)) {
+      ADD_FAILURE() << "d " << d << ", d_v " << dv << ": no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
+      continue;
+    }
+    check_forward(cfg);
+    CaseConfig var = softmax_varlen(DType::kFloat16, {0, 129, 77}, {}, 2, 2, d);
+    var.head_dim_v = dv;
+    check_forward(var);
+  }
+  CaseConfig packed = softmax_fixed(DType::kBFloat16, 2, 8, 1, 128, 5, 1500);
+  packed.head_dim_v = 64;
+  packed.causal = true;
+  for (int splits : {1, 3}) {
+    ForceNumSplits force(splits);
+    check_forward(packed);
+  }
+  CaseConfig hstu_cfg = hstu(DType::kBFloat16, {100, 0, 37}, 2, 64);
+  hstu_cfg.head_dim_v = 128;
+  hstu_cfg.rab_heads = 1;
+  check_forward(hstu_cfg);
 }
 
 }  // namespace
