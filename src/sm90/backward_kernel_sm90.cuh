@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           cute::Tensor gRab = local_tile(domain_offset(make_coord(int(sinfo.sk - sinfo.sq), _0{}),
                                                        mRab(_, _, p.rab_heads == 1 ? 0 : head, bi)),
                                          Shape<Int<kBlockM>, Int<kBlockN>>{}, make_coord(m, n_block));  // (kBlockM, kBlockN)
-          cute::Tensor sRab = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdS{});  // (kBlockM, kBlockN, 2)
+          cute::Tensor sRab = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});  // (kBlockM, kBlockN, 2)
           auto rab_part = tma_partition(kp.tma_rab, _0{}, Layout<_1>{}, group_modes<0, 2>(sRab), group_modes<0, 2>(gRab));
           if (leader)
             copy(kp.tma_rab.with(*pipeline.producer_get_barrier(write), 0), get<0>(rab_part),
@@ -229,16 +230,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});       // (kBlockN, kHeadDim)
     cute::Tensor sKt = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});     // (kHeadDim, kBlockN)
     cute::Tensor sV = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});       // (kBlockN, kHeadDim)
-    cute::Tensor sP = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutPdS{});     // (kBlockM, kBlockN, 2)
-    cute::Tensor sPt = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutPdSt{});   // (kBlockN, kBlockM, 2)
-    cute::Tensor sdS = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdS{});   // (kBlockM, kBlockN, 2)
-    cute::Tensor sdSt = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutPdSt{}); // (kBlockN, kBlockM, 2)
+    cute::Tensor sP = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutP{});       // (kBlockM, kBlockN, kPBuffers)
+    cute::Tensor sPt = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutPt{});     // (kBlockN, kBlockM, kPBuffers)
+    cute::Tensor sdS = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN, 2)
+    cute::Tensor sdSt = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM, 2)
 
     cute::Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ);      // (MMA, MMA_M, MMA_K, kStages)
     cute::Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);      // (MMA, MMA_N, MMA_K)
     cute::Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO);   // (MMA, MMA_M, MMA_K, kStages)
     cute::Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);     // (MMA, MMA_N, MMA_K)
-    cute::Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPt);   // (MMA, MMA_M, MMA_K, 2)
+    cute::Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPt);   // (MMA, MMA_M, MMA_K, kPBuffers)
     cute::Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt); // (MMA, MMA_N, MMA_K, kStages)
     cute::Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdSt); // (MMA, MMA_M, MMA_K, 2)
     cute::Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K, kStages)
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     typename Traits::SmemCopyPdS smem_copy_pds;
     auto thr_copy_pds = smem_copy_pds.get_thread_slice(tid);
-    cute::Tensor tPsP = thr_copy_pds.partition_D(sP);     // (CPY, CPY_M, CPY_N, 2)
+    cute::Tensor tPsP = thr_copy_pds.partition_D(sP);     // (CPY, CPY_M, CPY_N, kPBuffers)
     cute::Tensor tdSsdS = thr_copy_pds.partition_D(sdS);  // (CPY, CPY_M, CPY_N, 2)
 
     cute::Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});   // (kBlockM, kBlockN)
@@ -255,6 +256,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kRows = decltype(size<0>(c_rc))::value;
     constexpr int kCols = decltype(size<1>(c_rc))::value;
+    using Visibility = std::conditional_t<(kRows * kCols > 32), uint64_t, uint32_t>;
     cute::Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, kHeadDim)
     cute::Tensor tdKVcdKV = thr_mma_dkv.partition_C(cKV);                            // (MMA, MMA_M, MMA_N)
 
@@ -272,29 +274,37 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const bool softcap = p.softcap > 0.0f;
     const int dq_row_base = int(p.varlen ? seq.q_start : int64_t(bi) * p.seqlen_q);
 
-    // LSE (log2 units; +inf where a row sees no key or lies past the sequence, so its P is 0) and D of this
-    // thread's rows in step `step`: read one step ahead, while the step before runs.
-    float lse2[kRows], dsum[kRows];
-    auto load_row_stats = [&](int step) {
+    // LSE (log2 units; +inf where a row sees no key or lies past the sequence, so its P is 0) and D of the rows
+    // of step `step`, read one step ahead while the step before runs. One row per lane, not kRows per thread
+    // (128-row steps are short of registers): lane l holds row index (l / 8) % kRows of thread 4 (l % 8) of its
+    // warp, so index r of a thread lies in lane 8 r + lane / 4 (the four threads of a quad share their rows).
+    auto stat_row = [&](int t) {
+      const int l = t % 32;
+      cute::Tensor tScS_src = tiled_mma_sdp.get_thread_slice(t - l + 4 * (l % 8)).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+      cute::Tensor c_rc_src = cute::make_tensor(tScS_src.data(), acc_rowcol(tScS_src.layout()));  // (rows, cols)
+      int row = 0;
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        lse2[r] = INFINITY;
-        dsum[r] = 0.0f;
+        if ((l / 8) % kRows == r) row = get<0>(c_rc_src(r, 0));
       }
+      return row;
+    };
+    float lse2_lane, dsum_lane;
+    auto load_row_stats = [&](int step) {
+      lse2_lane = INFINITY;
+      dsum_lane = 0.0f;
       if (step >= steps) return;
       const int head = kv_head * kp.heads_per_kv + step / m_count;
-      const int64_t m0 = int64_t(m_begin + step % m_count) * kBlockM;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t i = m0 + get<0>(c_rc(r, 0));
-        if (i < seq.sq) {
-          const int64_t idx = seq.lse_index(p, bi, head, i);
-          const float lse = p.lse[idx];
-          lse2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          dsum[r] = kp.dsum[idx];
-        }
+      // The lane's row from a thread index read again here: kept from before the loop, it spilled (fp16).
+      const int64_t i = int64_t(m_begin + step % m_count) * kBlockM + stat_row(consumer_thread_index<true>());
+      if (i < seq.sq) {
+        const int64_t idx = seq.lse_index(p, bi, head, i);
+        const float lse = p.lse[idx];
+        lse2_lane = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        dsum_lane = kp.dsum[idx];
       }
     };
+    auto row_stat = [tid](float x, int r) { return __shfl_sync(0xffffffffu, x, 8 * r + tid % 32 / 4); };
     if constexpr (!Traits::kHstu) load_row_stats(0);
 
     const HstuPointwise hstu(p);
@@ -308,13 +318,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const int m = m_begin + step % m_count;
       const int64_t m0 = int64_t(m) * kBlockM;
       bool full_tile;
-      uint32_t visible = 0xffffffffu;  // HSTU: bit r * kCols + c set where value (r, c) of the thread is visible
+      Visibility visible = ~Visibility(0);  // HSTU: bit r * kCols + c set where value (r, c) of the thread is visible
       {
         const detail::Mask mk = step_mask();
         if (!block_visible(mk, m)) continue;
         full_tile = mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
         if constexpr (Traits::kHstu) {
-          static_assert(kRows * kCols == 32, "one visibility bit per accumulator value");
+          static_assert(kRows * kCols <= 8 * sizeof(Visibility), "one visibility bit per accumulator value");
           if (!full_tile) {
             visible = 0;
             CUTE_UNROLL
@@ -326,7 +336,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
               CUTE_UNROLL
               for (int c = 0; c < kCols; ++c) {
                 const int j = get<1>(c_rc(r, c));
-                if ((j >= a_lo && j < a_hi) || (j >= b_lo && j < b_hi)) visible |= 1u << (r * kCols + c);
+                if ((j >= a_lo && j < a_hi) || (j >= b_lo && j < b_hi)) visible |= Visibility(1) << (r * kCols + c);
               }
             }
           }
@@ -334,22 +344,27 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       const int stage = read.index();
       const int buf = stage;
+      const int pbuf = Traits::kPBuffers == 1 ? 0 : buf;
 
       pipeline.consumer_wait(read);
       cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
       cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
       if constexpr (Traits::kHstu) {
-        // rab of this warpgroup's 64 keys: the second half of each 128-key buffer row lies 64 rows of 128-byte
-        // atoms further (SmemLayoutPdS stacks its atoms along the rows first).
+        // rab of this warpgroup's 64 keys: the second half of each 128-key buffer row lies kBlockM rows of 128-byte
+        // atoms further (SmemLayoutdS stacks its atoms along the rows first); one reader per 64-row MMA tile.
         // The thread's coordinates from a thread index read again here (kept from before the loop, they spilled).
         if (has_rab) {
           const int t = consumer_thread_index<true>();
           cute::Tensor tScS_t = tiled_mma_sdp.get_thread_slice(t).partition_C(cS);  // (MMA, MMA_M, MMA_N)
           const int w = t / 128;
-          const RabReader<Element, kBlockM, kBlockN / 2> rab(ss.ds.data() + buf * (kBlockM * kBlockN) +
-                                                                 w * (kBlockM * kBlockN / 2),
-                                                             get<0>(tScS_t(0)), get<1>(tScS_t(0)) - w * (kBlockN / 2));
-          rab.load(tSrS, 0);
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<1>(tSrS); ++mi) {
+            const RabReader<Element, kBlockM, kBlockN / 2> rab(
+                ss.ds.data() + buf * (kBlockM * kBlockN) + w * (kBlockM * kBlockN / 2), get<0>(tScS_t(0, mi, 0)),
+                get<1>(tScS_t(0, mi, 0)) - w * (kBlockN / 2));
+            cute::Tensor tSrS_mi = tSrS(_, mi, _);  // (MMA, MMA_N)
+            rab.load(tSrS_mi, 0);
+          }
         }
       }
       warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, !has_rab);
@@ -399,14 +414,18 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           }
         }
       } else {
-        // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole.
+        // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole. Softcap maps the
+        // scores in place first: a select per element kept the raw and the capped tile live at once (spills with
+        // 128-row steps).
+        if (softcap) {
+          CUTE_UNROLL
+          for (int e = 0; e < size(tSrS); ++e) tSrS(e) = tanhf(tSrS(e) * kp.scale_over_cap);
+        }
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
+          const float lse2 = row_stat(lse2_lane, r);
           CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            const float x = softcap ? tanhf(s_rc(r, c) * kp.scale_over_cap) : s_rc(r, c);
-            s_rc(r, c) = exp2f(x * kp.scale_log2 - lse2[r]);
-          }
+          for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
         }
         if (!full_tile) {
           CUTE_UNROLL
@@ -423,11 +442,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
         convert_fragment(tSrS, rP);
       }
-      copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, buf));
+      copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
       // dV of this warpgroup's keys reads only the P columns it wrote: it starts once they are visible to wgmma.
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
-      warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, buf), tdVrdOt(_, _, _, stage), tdVrdV, false);
+      warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, pbuf), tdVrdOt(_, _, _, stage), tdVrdV, false);
 
       warpgroup_wait<1>();
       cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
@@ -462,15 +481,20 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
+          const float dsum = row_stat(dsum_lane, r);
           CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            const float prob = static_cast<float>(p_rc(r, c));
-            float ds = prob * (dp_rc(r, c) - dsum[r]);
-            if (softcap) {
-              const float t = (log2f(prob) + lse2[r]) / kp.scale_log2;
-              ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;
+          for (int c = 0; c < kCols; ++c) dp_rc(r, c) = static_cast<float>(p_rc(r, c)) * (dp_rc(r, c) - dsum);
+        }
+        if (softcap) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const float lse2 = row_stat(lse2_lane, r);
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const float prob = static_cast<float>(p_rc(r, c));
+              const float t = (log2f(prob) + lse2) / kp.scale_log2;
+              dp_rc(r, c) = prob > 0.0f ? dp_rc(r, c) * (1.0f - t * t) : 0.0f;
             }
-            dp_rc(r, c) = ds;
           }
         }
       }
@@ -503,7 +527,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
       if constexpr (!Traits::kHstu) load_row_stats(step + 1);
       warpgroup_wait<1>();
-      // dQ of the tile's 64 rows into the workspace: rows past the sequence and columns past d hold exact zeros
+      // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact zeros
       // (P and K are zero there), so the whole tile is added.
       {
         // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
@@ -521,11 +545,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       tma_store_fence();
       cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
       if (tid % 128 == 0) {
+        const int w = consumer_thread_index<true>() / 128;  // read again: kept from before the loop, it spilled
         cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
         cute::Tensor gdQ = local_tile(domain_offset(make_coord(dq_row_base + int(m0), _0{}), mdQ(_, _, head)),
-                                      Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, wg));  // (kBlockM, kdQCols)
+                                      Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
         auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
-        copy(kp.tma_dq, get<1>(dq_part)(_, wg), get<0>(dq_part));
+        copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
         tma_store_arrive();
       }
       warpgroup_wait<0>();
@@ -537,15 +562,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     }
     if (tid % 128 == 0) tma_store_wait<0>();  // the last reduce-add (and dRab store) has read shared memory
 
-    // dK (softmax: times the scale) and dV in the input dtype; column pairs as one store.
+    // dK (softmax: times the scale) and dV in the input dtype; column pairs as one store. The sequence read
+    // again from the parameters: kept across the step loop, it spilled with 128-row steps.
     const float dk_scale = Traits::kHstu ? 1.0f : p.scale;
     using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
-    Element* dk_block = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0, kv_head);
-    Element* dv_block = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0, kv_head);
+    const detail::SequenceInfo kseq = detail::SequenceInfo::of(p, bi);
+    Element* dk_block = static_cast<Element*>(p.dk.ptr) + kseq.k_offset(p.dk, bi, n0, kv_head);
+    Element* dv_block = static_cast<Element*>(p.dv.ptr) + kseq.k_offset(p.dv, bi, n0, kv_head);
     CUTE_UNROLL
     for (int e = 0; e < size(tdKrdK); e += 2) {
       const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
-      if (n0 + r >= seq.sk || c >= d) continue;
+      if (n0 + r >= kseq.sk || c >= d) continue;
       Element dk_pair[2] = {static_cast<Element>(tdKrdK(e) * dk_scale), static_cast<Element>(tdKrdK(e + 1) * dk_scale)};
       Element dv_pair[2] = {static_cast<Element>(tdVrdV(e)), static_cast<Element>(tdVrdV(e + 1))};
       *reinterpret_cast<Pair*>(dk_block + r * p.dk.row_stride + c) = *reinterpret_cast<Pair const*>(dk_pair);

@@ -206,7 +206,7 @@ struct Sm90Backward {
               make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
               make_stride(p.rab_row_stride, _1{}, stride_of(p.rab_heads, p.rab_head_stride, big),
                           stride_of(p.batch, p.rab_batch_stride, big)));
-          kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename Traits::SmemLayoutPdS{}),
+          kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename Traits::SmemLayoutdS{}),
                                      Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
           kp.shape_rab = rab.shape();
           if (p.drab != nullptr && !pl.drab_accum) {
@@ -216,7 +216,7 @@ struct Sm90Backward {
                 make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
                 make_stride(p.drab_row_stride, _1{}, stride_of(p.rab_heads, p.drab_head_stride, dbig),
                             stride_of(p.batch, p.drab_batch_stride, dbig)));
-            kp.tma_drab = make_tma_copy(SM90_TMA_STORE{}, drab, take<0, 2>(typename Traits::SmemLayoutPdS{}),
+            kp.tma_drab = make_tma_copy(SM90_TMA_STORE{}, drab, take<0, 2>(typename Traits::SmemLayoutdS{}),
                                         Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
           }
         }

@@ -1,10 +1,12 @@
 // Compile-time shape of the sm90 backward kernel for one (element type, head dim): tile sizes, thread roles,
 // shared-memory layouts, TMA copy types and the five warpgroup MMAs of one (query block, key block) step
-//   S = Q K^T, dP = dO V^T          (64 query rows x 128 keys; warpgroup w takes keys [64 w, 64 w + 64))
+//   S = Q K^T, dP = dO V^T          (kBlockM query rows x 128 keys; warpgroup w takes keys [64 w, 64 w + 64))
 //   dV += P^T dO, dK += dS^T Q      (128 keys x d; warpgroup w takes the same 64 keys)
-//   dQ = dS K                       (64 query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2))
-// all from shared memory: P and dS go there as 16-bit tiles (two buffers each, so one step's writes never meet
-// the other warpgroup's reads of the step before). dQ leaves through an fp32 staging tile and a TMA reduce-add.
+//   dQ = dS K                       (kBlockM query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2))
+// all from shared memory: P and dS go there as 16-bit tiles. dS has two buffers, so one step's writes never meet
+// the other warpgroup's reads (dQ) of the step before; P is read only by the warpgroup that wrote it (dV of its
+// own keys), so one buffer serves where shared memory is short. dQ leaves through an fp32 staging tile and a TMA
+// reduce-add.
 // HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
 // writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
 // buffer by a TMA store once dS is in it.
@@ -32,11 +34,17 @@ enum class BwdBarrier : uint32_t {
   kWarpGroup1 = 2,   // the same for warpgroup 1
 };
 
-// Shared memory, kBlockM = 64, kBlockN = 128, two Q/dO stages:
-//   2 x (Q + dO) (64 x d each) + K + V (128 x d each) + 2 x (P + dS) (64 x 128 each), 16-bit; dQ 64 x d fp32
-//   d  64:  32 + 32 + 64 + 16 KB = 144 KB
-//   d 128:  64 + 64 + 64 + 32 KB = 224 KB
-// Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (32 fp32 each), dQ (d / 4).
+// The query-step height per (score, head dim): 128 rows for softmax at d 64 halve the fixed costs of a step
+// (barriers, LSE/D loads, stmatrix, the dQ reduce-add, pipeline waits) per FLOP; 64 rows at d 128, where the dK
+// and dV accumulators leave no registers for taller S and dP tiles, and for HSTU at d 64 (its sigmoid tile next
+// to P spills with 128 rows).
+// Shared memory, kBlockN = 128, two Q/dO stages, 16-bit unless noted:
+//   softmax d 64, kBlockM 128: 2 x (Q + dO) 64 KB + K + V 32 KB + P (one buffer) 32 KB + dS (two) 64 KB
+//                              + dQ fp32 32 KB = 224 KB
+//   HSTU d 64, kBlockM 64:     2 x (Q + dO) 32 KB + K + V 32 KB + 2 x (P + dS) 64 KB + dQ fp32 16 KB = 144 KB
+//   d 128, kBlockM 64:         2 x (Q + dO) 64 KB + K + V 64 KB + 2 x (P + dS) 64 KB + dQ fp32 32 KB = 224 KB
+// Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (kBlockM / 2 fp32 each), dQ
+// (kBlockM d / 256).
 template <DType kDType, int kHeadDim_, bool kHstu_>
 struct BackwardTraitsSm90 {
   using Element = ElementOf<kDType>;
@@ -45,9 +53,10 @@ struct BackwardTraitsSm90 {
 
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head dims 64 and 128");
-  static constexpr int kBlockM = 64;
+  static constexpr int kBlockM = kHeadDim == 64 && !kHstu ? 128 : 64;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
+  static constexpr int kPBuffers = kBlockM == 128 ? 1 : 2;
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0: one TMA producer warp
@@ -87,10 +96,13 @@ struct BackwardTraitsSm90 {
       decltype(composition(SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
   // P and dS (rows, keys, buffer), keys contiguous: dS is the K-major A operand of dQ; P^T and dS^T (keys, rows,
   // buffer) the MN-major A operands of dV and dK.
-  using SmemLayoutPdS =
-      decltype(tile_to_shape(SmemAtomKMajor<Element, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
-  using SmemLayoutPdSt = decltype(composition(
-      SmemLayoutPdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+  using SmemAtomPdS = SmemAtomKMajor<Element, kBlockN>;
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kPBuffers>>{}));
+  using SmemLayoutPt = decltype(composition(
+      SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kPBuffers>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutdS = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
   // Register -> shared stores of P and dS: stmatrix of 8x8 16-bit matrices, four per instruction.
   using SmemCopyPdS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaSdP{}));
 
@@ -115,11 +127,11 @@ struct BackwardTraitsSm90 {
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   // HSTU: rab and dRab as (key position rows, key position cols, h_rab, b), one (kBlockM, kBlockN) tile of the
   // dS buffer layout per step.
-  using TmaRab = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutPdS{}),
+  using TmaRab = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutdS{}),
                                         Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
   using GmemTensorOut =
       decltype(cute::make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeRows{}, StrideRows{}));
-  using TmadRab = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, take<0, 2>(SmemLayoutPdS{}),
+  using TmadRab = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, take<0, 2>(SmemLayoutdS{}),
                                          Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
 
   // The fp32 dQ workspace as (total_q, kHeadDim, h).
@@ -140,8 +152,8 @@ struct BackwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdO>, 1024> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> p;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>, 1024> ds;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> p;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
     alignas(1024) cute::array_aligned<ElementAccum, cosize_v<SmemLayoutdQ>, 1024> dq;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename PipelineQdO::SharedStorage pipeline_qdo;

@@ -2,7 +2,8 @@
 // the FlashAttention gradient rule (3x the error of a plain bf16/fp16 computation), every output element written
 // over a NaN poison, for odd lengths (1, 113, 1023, 4224), s_q != s_k, the d 64 and d 128 buckets and head dims
 // below them, causal with s_q != s_k (rows without keys), sliding windows, softcap, GQA and varlen with empty
-// sequences. O and LSE come from the CPU tiled forward, so a failure points at the backward.
+// sequences; d 64 (128-row query steps) with lengths across the step height. O and LSE come from the CPU tiled
+// forward, so a failure points at the backward.
 // HSTU (Sm90BackwardHstu): dQ/dK/dV/dRab under the HSTU rule (5x), jagged lengths with empty sequences, rab of
 // 1 and h heads with and without dRab, contexts and targets, a window, d 96 in the d 128 bucket, and the calls
 // the kernel refuses (deterministic, d != d_v) routed to the sm80 backward by auto dispatch. The wide mask and
@@ -65,6 +66,44 @@ TEST_F(Sm90Backward, HeadDim64) {
   cfg.softmax_scale = 0.3f;
   cfg.window_left = 40;
   cfg.window_right = 0;
+  check_backward(cfg);
+}
+
+// d 64 runs 128-row query steps: lengths around and across the step (1, 65, 127, 129, 1023 vs 1, 113, 4224).
+TEST_F(Sm90Backward, HeadDim64TallSteps) {
+  for (int64_t sq : {1, 65, 127, 129, 1023})
+    for (int64_t sk : {1, 113, 4224}) check_backward(softmax_fixed(DType::kBFloat16, 1, 2, 1, 64, sq, sk));
+  for (int64_t sq : {65, 129, 1023}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 64, sq, 4224);  // causal with s_q < s_k
+    cfg.causal = true;
+    check_backward(cfg);
+  }
+  for (int64_t sk : {1, 113}) {
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 2, 2, 64, 1023, sk);  // causal with s_q > s_k
+    cfg.causal = true;
+    check_backward(cfg);
+  }
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 64, 1023, 1023);
+  cfg.window_left = 200;
+  cfg.window_right = 37;
+  check_backward(cfg);
+  cfg = softmax_fixed(DType::kBFloat16, 2, 8, 1, 64, 129, 257);  // GQA 8:1
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg = softmax_varlen(DType::kBFloat16, {0, 129, 1, 0, 300, 127, 65}, {5, 113, 0, 0, 257, 200, 65}, 8, 1, 64);
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg.softcap = 5.0f;
+  cfg.softmax_scale = 0.3f;
+  check_backward(cfg);
+}
+
+// A small d 64 case (128-row steps, tail rows, GQA) for the sanitizers.
+TEST_F(Sm90Backward, HeadDim64Sanitize) {
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 2, 64, 193, 150);
+  cfg.causal = true;
   check_backward(cfg);
 }
 
@@ -165,6 +204,42 @@ TEST_F(Sm90BackwardHstu, LongJagged) {
   cfg.num_contexts = {333, 0, 0, 0, 99};
   cfg.num_targets = {257, 0, 32, 1, 257};
   cfg.target_group_size = 11;
+  check_backward(cfg);
+}
+
+// d 64 (128-row query steps): contexts, targets and a window with rab and dRab of 1 head (summed over heads)
+// and of h heads (TMA store of the dS tile), sequences around the step height.
+TEST_F(Sm90BackwardHstu, HeadDim64TallSteps) {
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, {1023, 0, 129, 1, 127, 65, 600}, 3, 64, /*causal=*/true, 0.1f);
+  cfg.max_seqlen_k = 1024;
+  cfg.rab_heads = 1;
+  cfg.drab = true;
+  cfg.num_contexts = {333, 0, 7, 0, 0, 64, 99};
+  cfg.num_targets = {257, 0, 14, 1, 0, 1, 32};
+  cfg.target_group_size = 11;
+  check_backward(cfg);
+  cfg.rab_heads = 3;
+  check_backward(cfg);
+  cfg.num_contexts.clear();
+  cfg.target_group_size = 1;
+  cfg.dtype = DType::kFloat16;
+  check_backward(cfg);
+  cfg.num_targets.clear();
+  cfg.rab_heads = 0;
+  cfg.drab = false;
+  cfg.causal = false;
+  cfg.window_left = 70;
+  cfg.window_right = 9;
+  check_backward(cfg);
+}
+
+// A small HSTU d 64 case with rab and per-head dRab for the sanitizers.
+TEST_F(Sm90BackwardHstu, HeadDim64Sanitize) {
+  CaseConfig cfg = hstu_varlen(DType::kBFloat16, {200, 0, 129}, 2, 64, /*causal=*/true, 0.1f);
+  cfg.max_seqlen_k = 200;
+  cfg.rab_heads = 2;
+  cfg.drab = true;
+  cfg.num_targets = {14, 0, 1};
   check_backward(cfg);
 }
 
