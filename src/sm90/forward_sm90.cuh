@@ -222,17 +222,7 @@ struct Sm90Forward {
     if (p.head_dim > kHeadDim || p.head_dim % 8 != 0) return refuse("needs d <= bucket and d % 8 == 0");
     if (p.head_dim_v > kHeadDim || p.head_dim_v % 8 != 0) return refuse("needs d_v <= bucket and d_v % 8 == 0");
     if (kHstu) {
-      if (p.heads_k != p.heads) return refuse("HSTU needs h_k == h");
-      if (p.rab != nullptr) {
-        // TMA of the rab tiles: 16-byte aligned base and strides, and 32-bit coordinates.
-        constexpr int64_t kVec = 16 / sizeof(Element);
-        if (p.rab_heads != 1 && p.rab_heads != p.heads) return refuse("rab heads must be 1 or h");
-        if (reinterpret_cast<uintptr_t>(p.rab) % 16 != 0 || p.rab_row_stride % kVec != 0 ||
-            p.rab_head_stride % kVec != 0 || p.rab_batch_stride % kVec != 0)
-          return refuse("needs a 16-byte aligned rab with 16-byte multiple strides");
-        if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31))
-          return refuse("rab beyond 32-bit TMA coordinates");
-      }
+      if (const char* why = sm90::hstu_tma_refusal<Element>(p)) return refuse(why);
     } else {
       if (!(p.scale > 0.0f)) return refuse("needs softmax_scale > 0");
       if (p.num_contexts != nullptr || p.num_targets != nullptr)
@@ -264,6 +254,14 @@ struct Sm90Forward {
   static constexpr size_t kPartialsOffset = 256;
   static size_t partial_lse_bytes(const Params& p, int splits) {
     return (size_t(splits) * size_t(p.heads * p.total_q) * sizeof(float) + 255) / 256 * 256;
+  }
+  struct SplitPartials {
+    float* lse;
+    float* o;
+  };
+  static SplitPartials split_partials(const Params& p, void* workspace, int splits) {
+    char* base = static_cast<char*>(workspace) + kPartialsOffset;
+    return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + partial_lse_bytes(p, splits))};
   }
   static size_t workspace_bytes(const Params& p) {
     const int splits = num_splits(p);
@@ -329,12 +327,19 @@ struct Sm90Forward {
   // merges the fp32 partials (cuda/split_kv_combine.cuh). The count follows FlashAttention's heuristic: the
   // smallest count whose wave efficiency tiles * splits / (SMs * waves) is within 85% of the best, among the
   // counts that shorten the chunks, with at least kMinBlocksPerSplit key blocks per chunk and at most kMaxSplits.
+  // Tiles that already fill 40% of the SMs stream K/V near the memory bound, so splitting gains little next to
+  // the combine's fixed cost: their chunks keep at least kMinBlocksPerSplitBusy blocks. H100 bf16, h 32, h_k 8,
+  // b 8, s_q 1 and 16 (64 packed tiles), 2 splits vs unsplit, ms: d 128 s_k 4096 (16 blocks a chunk, now
+  // unsplit) 0.0717-0.0735 vs 0.0679-0.0688; s_k 8192 (32, split) 0.1149-0.1177 vs 0.1156-0.1164; s_k 16384
+  // (64, split) 0.2023-0.2042 vs 0.2089-0.2114; d 64 s_k 4096 (unsplit) 0.0477-0.0486 vs 0.0479-0.0484, s_k 8192
+  // (split) 0.0729-0.0730 vs 0.0843. 32 tiles (b 8, h_k 4) split 8-block chunks at 0.67-0.83x the unsplit time.
   // Softmax d 64 and 128 without a sliding window (a window's few visible blocks would leave most chunks
   // empty). Environment CUTEATTN_SM90_NUM_SPLITS=<n> forces n (1 to 128; 1 = unsplit) for every call of these
   // buckets: tests and A/B timing (bench/gqa_short_queries.py).
   static constexpr bool kHasSplitKv = !kHstu && (kHeadDim == 64 || kHeadDim == 128);
   static constexpr int kMaxSplits = 128;
   static constexpr int64_t kMinBlocksPerSplit = 4;
+  static constexpr int64_t kMinBlocksPerSplitBusy = 32;
   static int num_splits(const Params& p) {
     if (!kHasSplitKv) return 1;
     constexpr int64_t kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;  // the split kernels' (base tiles)
@@ -349,7 +354,8 @@ struct Sm90Forward {
     const int64_t sms = std::max(DeviceProperties::of(p.device_index).sms, 1);
     if (tiles * 10 >= sms * 8) return 1;
     const int64_t blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-    const int max_splits = int(std::min<int64_t>(kMaxSplits, blocks / kMinBlocksPerSplit));
+    const int64_t min_blocks = tiles * 5 >= sms * 2 ? kMinBlocksPerSplitBusy : kMinBlocksPerSplit;
+    const int max_splits = int(std::min<int64_t>(kMaxSplits, blocks / min_blocks));
     auto efficiency = [&](int n) {
       const double waves = double(tiles * n) / double(sms);
       return waves / std::ceil(waves);
@@ -401,10 +407,10 @@ struct Sm90Forward {
 
   // The combine of the split partials into O and LSE (every row of h * total_q, rows without keys included).
   static Status combine_splits(const Params& p, void* workspace, int splits) {
-    char* base = static_cast<char*>(workspace) + kPartialsOffset;
+    const SplitPartials partials = split_partials(p, workspace, splits);
     SplitKvCombineParams c;
-    c.lse_partial = reinterpret_cast<float const*>(base);
-    c.o_partial = reinterpret_cast<float const*>(base + partial_lse_bytes(p, splits));
+    c.lse_partial = partials.lse;
+    c.o_partial = partials.o;
     c.rows = p.heads * p.total_q;
     c.num_splits = splits;
     c.head_dim = int(p.head_dim_v);
@@ -462,10 +468,10 @@ struct Sm90Forward {
         nullptr,
         nullptr};
     if constexpr (T::kSplitKv) {
-      char* base = static_cast<char*>(workspace) + kPartialsOffset;
+      const SplitPartials partials = split_partials(p, workspace, splits);
       kp.partial_rows = p.heads * p.total_q;
-      kp.lse_partial = reinterpret_cast<float*>(base);
-      kp.o_partial = reinterpret_cast<float*>(base + partial_lse_bytes(p, splits));
+      kp.lse_partial = partials.lse;
+      kp.o_partial = partials.o;
     }
 
     // Dispatch made p.device_index current.
@@ -480,9 +486,19 @@ struct Sm90Forward {
     sch.num_bh = int(tile_heads * p.batch);
     sch.num_tiles = sch.num_m_blocks * sch.num_bh * splits;
     sch.longest_first = p.window_right >= 0;
-    const int64_t kv_bytes_per_head = std::max<int64_t>(
-        1, p.seqlen_k * (p.head_dim + p.head_dim_v) * int64_t(sizeof(Element)) * p.heads_k / tile_heads);
-    sch.section = int(std::min<int64_t>(std::max<int64_t>(1, device.l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
+    if constexpr (kHstu) {
+      // Sections of (batch, head) pairs whose K/V fit in half the L2 together.
+      const int64_t kv_bytes_per_head = std::max<int64_t>(
+          1, p.seqlen_k * (p.head_dim + p.head_dim_v) * int64_t(sizeof(Element)) * p.heads_k / tile_heads);
+      sch.section = int(std::min<int64_t>(std::max<int64_t>(1, device.l2_bytes / 2 / kv_bytes_per_head), sch.num_bh));
+    } else {
+      // Sections of a quarter of the SM count: the CTAs running at once hold about four m blocks of each head
+      // of a section. H100 bf16 causal FA grid, TFLOP/s of this vs the half-L2 sections above (twice each, same
+      // run): d 128 s 512 279/280 vs 265/266, s 1k 399/400 vs 392/392, s 2k 502/487 vs 489/461, s 16k 661/629
+      // vs 653/571; d 64 s 512 192/191 vs 188/191, s 2k 345/346 vs 337/337, s 16k 508/471 vs 480/438.
+      sch.section = std::min(std::max((device.sms + 3) / 4, 1), sch.num_bh);
+    }
+    sch.init();
     if (sch.num_tiles == 0) return Status::Ok();
     auto stream = static_cast<cudaStream_t>(p.stream);
     if (dynamic_schedule(p)) {

@@ -1,6 +1,6 @@
-// HSTU score of the sm90 forward kernel on wgmma accumulators (SEMANTICS.md section 2): reads the rab tile
-// from shared memory into the accumulator (Q K^T then accumulates onto it) and turns u = qk + rab into
-// P = silu(alpha * u) / scaling_seqlen, in place.
+// HSTU score of the sm90 kernels on wgmma accumulators (SEMANTICS.md section 2): reads the rab tile from
+// shared memory into the accumulator (Q K^T then accumulates onto it) and turns u = qk + rab into
+// P = silu(alpha * u) / scaling_seqlen, in place; and the host-side check of what the rab / dRab TMA tiles need.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,26 @@
 namespace cuteattn::sm90 {
 
 using namespace cute;
+
+// Why the sm90 kernels cannot take this HSTU call's heads, rab or dRab, or nullptr: h_k == h, rab heads 1 or h,
+// and TMA tiles of rab and dRab (16-byte aligned bases, 16-byte multiple strides, 32-bit coordinates).
+template <class Element>
+const char* hstu_tma_refusal(const detail::Params& p) {
+  if (p.heads_k != p.heads) return "HSTU needs h_k == h";
+  if (p.rab == nullptr) return nullptr;
+  constexpr int64_t kVec = 16 / sizeof(Element);
+  auto aligned = [](const void* ptr, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride % kVec == 0 && head_stride % kVec == 0 &&
+           batch_stride % kVec == 0;
+  };
+  if (p.rab_heads != 1 && p.rab_heads != p.heads) return "rab heads must be 1 or h";
+  if (!aligned(p.rab, p.rab_row_stride, p.rab_head_stride, p.rab_batch_stride))
+    return "needs a 16-byte aligned rab with 16-byte multiple strides";
+  if (p.drab != nullptr && !aligned(p.drab, p.drab_row_stride, p.drab_head_stride, p.drab_batch_stride))
+    return "needs a 16-byte aligned drab with 16-byte multiple strides";
+  if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31)) return "rab beyond 32-bit TMA coordinates";
+  return nullptr;
+}
 
 CUTE_DEVICE float tanh_approx(float x) {
   float y;

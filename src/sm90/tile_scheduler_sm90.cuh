@@ -25,31 +25,72 @@ struct TileCoord {
   int batch;
 };
 
+// Division of non-negative 32-bit values below 2^31 by a divisor fixed at launch, as a multiply-high and a
+// shift (round-up reciprocal): the per-tile decode ran a full 32-bit division (float reciprocal and fix-ups,
+// ~20 instructions each) four or five times in every consumer thread.
+struct FastDivisor {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 0;  // 0: the divisor is 1
+  uint32_t shift = 0;
+
+  FastDivisor() = default;
+  explicit FastDivisor(int d) : divisor(uint32_t(d)) {
+    if (d <= 1) return;
+    uint32_t log2_ceil = 0;
+    while ((uint32_t(1) << log2_ceil) < divisor) ++log2_ceil;
+    const uint64_t p = 31 + log2_ceil;
+    multiplier = uint32_t(((uint64_t(1) << p) + divisor - 1) / divisor);
+    shift = uint32_t(p - 32);
+  }
+  CUTEATTN_HD int div(int n) const {
+    if (multiplier == 0) return n;
+#if defined(__CUDA_ARCH__)
+    return int(__umulhi(uint32_t(n), multiplier) >> shift);
+#else
+    return int(uint32_t((uint64_t(uint32_t(n)) * multiplier) >> 32) >> shift);
+#endif
+  }
+  CUTEATTN_HD int mod(int n, int q) const { return n - q * int(divisor); }
+};
+
 struct TileScheduler {
   int num_m_blocks = 0;
   int heads = 0;
   int num_bh = 0;  // heads * batch
   int num_tiles = 0;
   // With a mask whose work grows with m (causal, window) tiles are handed out longest first, in sections of
-  // `section` (batch, head) pairs whose K/V fit in L2 together. Without, consecutive tiles share one
+  // `section` (batch, head) pairs (the last section may be narrower). Without, consecutive tiles share one
   // (batch, head) so the CTAs running at once read the same K/V.
   bool longest_first = false;
   int section = 1;
+  // Divisors of decode, set by init from the fields above.
+  FastDivisor by_m_blocks, by_heads, by_section_tiles, by_section, by_last_width;
+
+  void init() {
+    by_m_blocks = FastDivisor(num_m_blocks);
+    by_heads = FastDivisor(heads);
+    by_section_tiles = FastDivisor(section * num_m_blocks);
+    by_section = FastDivisor(section);
+    const int last_width = num_bh - (num_bh - 1) / section * section;
+    by_last_width = FastDivisor(last_width);
+  }
 
   CUTEATTN_HD TileCoord decode(int tile) const {
     int m_block, bh;
     if (longest_first) {
-      const int sec = tile / (section * num_m_blocks);
+      const int sec = by_section_tiles.div(tile);
       const int first_bh = sec * section;
-      const int width = num_bh - first_bh < section ? num_bh - first_bh : section;
+      const FastDivisor& width = num_bh - first_bh < section ? by_last_width : by_section;
       const int idx = tile - sec * section * num_m_blocks;
-      m_block = num_m_blocks - 1 - idx / width;
-      bh = first_bh + idx % width;
+      const int row = width.div(idx);
+      m_block = num_m_blocks - 1 - row;
+      bh = first_bh + width.mod(idx, row);
     } else {
-      m_block = tile % num_m_blocks;
-      bh = tile / num_m_blocks;
+      bh = by_m_blocks.div(tile);
+      m_block = by_m_blocks.mod(tile, bh);
     }
-    return {m_block, bh % heads, bh / heads};
+    const int batch = by_heads.div(bh);
+    return {m_block, by_heads.mod(bh, batch), batch};
   }
 };
 

@@ -9,7 +9,8 @@
 // caller's (dirty, reused across calls), none when tiles are scheduled statically, too small. Packed GQA (the
 // query heads of a kv head in one tile): groups of 2 to 16, short and forced-long query ranges, every mask,
 // varlen. Split-KV (a tile's key blocks over several CTAs, then a combine): forced and default split counts,
-// packed and not, every mask, splits without keys, varlen with empty sequences, a caller's dirty workspace.
+// packed and not, every mask, splits without keys, varlen with empty sequences, a caller's dirty workspace; the
+// default's no-split rule for tiles that fill 40% of the GPU. Causal/window tiles over several scheduler sections.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -224,6 +225,52 @@ TEST_F(Sm90Forward, ThreeWarpGroupTiles) {
 TEST_F(Sm90Forward, ThreeWarpGroupTilesSanitize) {
   ForceNumSplits unsplit(1);
   check_forward(softmax_varlen(DType::kBFloat16, {200, 7}, {1100, 300}, 4, 2, 64));
+}
+
+// Causal and sliding-window tiles are handed out longest first in sections of a quarter of the SM count of
+// (batch, head) pairs (the last one narrower), decoded with precomputed divisors; the softmax mask tests a span's
+// start only under a left window. Enough pairs for several sections at d 64 and 128: causal with s_q = s_k, s_q
+// < s_k and s_q > s_k (rows without keys), odd lengths, GQA, a window with a left bound (two-sided spans), softcap,
+// and varlen with empty and one-row sequences (dynamic handoff).
+TEST_F(Sm90Forward, CausalSections) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int64_t heads = 2 * ((sms + 3) / 4) / 3 + 5;  // 3 batches: two full sections and a narrower one
+  for (int64_t d : {64, 128}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 3, heads, heads, d, 385, 385);
+    cfg.causal = true;
+    check_forward(cfg);
+    cfg = softmax_fixed(DType::kFloat16, 3, heads, 1, d, 113, 1023);
+    cfg.causal = true;
+    check_forward(cfg);
+    cfg = softmax_fixed(DType::kBFloat16, 3, heads, heads, d, 300, 129);
+    cfg.causal = true;
+    check_forward(cfg);
+    cfg = softmax_fixed(DType::kBFloat16, 3, heads, heads, d, 257, 257);
+    cfg.window_left = 100;
+    cfg.window_right = 0;
+    check_forward(cfg);
+    cfg = softmax_fixed(DType::kFloat16, 3, heads, heads, d, 129, 700);
+    cfg.window_left = 37;
+    cfg.window_right = 11;
+    cfg.softcap = 9.0f;
+    check_forward(cfg);
+    cfg = softmax_varlen(DType::kBFloat16, {0, 1, 385, 129, 0, 1, 700}, {}, heads, heads, d);
+    cfg.causal = true;
+    check_forward(cfg);
+  }
+}
+
+// A small case of the sections for compute-sanitizer: 36 pairs (two sections on an H100), causal, then a window
+// with a left bound.
+TEST_F(Sm90Forward, CausalSectionsSanitize) {
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 18, 6, 64, 129, 129);
+  cfg.causal = true;
+  check_forward(cfg);
+  cfg.causal = false;
+  cfg.window_left = 17;
+  cfg.window_right = 5;
+  check_forward(cfg);
 }
 
 // Softmax d 128 over 4096 keys or more runs the wide-key kernel (kBlockN 176, no TMA-store epilogue, one Q
@@ -662,7 +709,8 @@ TEST_F(Sm90Forward, SplitKvMasksAndVarlen) {
 }
 
 // The default choice: decode over long keys splits (its workspace grows past the tile counter's), a grid the
-// tiles fill does not; an explicit 1 runs the unsplit kernel. Checked against the oracle either way.
+// tiles fill does not, nor do tiles that fill 40% of it over short key ranges; an explicit 1 runs the unsplit
+// kernel. Checked against the oracle either way.
 TEST_F(Sm90Forward, SplitKvDefaultChoice) {
   for (int64_t d : {64, 128}) {
     if (!has_sm90_head_dim(d)) continue;
@@ -676,6 +724,15 @@ TEST_F(Sm90Forward, SplitKvDefaultChoice) {
     check_forward(decode);
     const CaseConfig full = softmax_fixed(DType::kBFloat16, 1, 200, 200, d, 1, 1023);
     EXPECT_EQ(bytes(full), 0u) << "200 tiles fill the GPU: no split";
+    // 64 packed tiles (b 8, h_k 8) fill 40-80% of an H100-sized GPU: their chunks keep 32 key blocks or more,
+    // so 4096 keys (32 blocks of 128) stay unsplit.
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    if (sms * 8 > 64 * 10 && sms * 2 <= 64 * 5) {
+      const CaseConfig busy = softmax_fixed(DType::kBFloat16, 8, 32, 8, d, 1, 4096);
+      EXPECT_EQ(bytes(busy), 0u) << "64 busy tiles over 32 key blocks: no split";
+      check_forward(busy);
+    }
     ForceNumSplits unsplit(1);
     EXPECT_EQ(bytes(decode), 0u);
     check_forward(decode);
