@@ -5,6 +5,9 @@
 // and dS = P (dP - D) (softcap: times its derivative; the element mask on edge tiles only), store P and dS to
 // shared memory, and issue dV += P^T dO (as soon as P is stored: it runs while dS is formed), then dQ = dS K
 // and dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by a TMA reduce-add.
+// d 256 (Traits::kSplitCols): 64-key blocks; warpgroup 0 computes S and P, warpgroup 1 dP and, with P read back
+// from shared memory, dS; the warpgroups own column halves of dK and dV for all 64 keys (dV starts once P is
+// stored), and dQ goes to the workspace by fp32 vector reductions from the registers.
 // dS leaves out the softmax scale: dK gets it in the epilogue, dQ in the conversion kernel.
 // HSTU (Traits::kHstu): the rab tile comes with Q and dO into the dS buffer of the step; the consumers read it
 // into the S accumulator (Q K^T accumulates onto it), form P = silu(alpha u) / scaling and its derivative from
@@ -54,6 +57,7 @@ struct BackwardKernelParams {
   typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
   float* drab_accum;                     // HSTU, one rab head shared by several heads: (b, max_sk, drab_ld) fp32
   int64_t drab_ld;
+  float* dq_accum;                       // the fp32 dQ workspace (total_q, h, kHeadDim), for Traits::kdQAtomic
 };
 
 // The query blocks that see key block n0 of a sequence: [m_begin, m_end).
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
+    if constexpr (!Traits::kdQAtomic) cute::prefetch_tma_descriptor(kp.tma_dq.get_tma_descriptor());
     if (has_rab) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
     if (Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr)
       cute::prefetch_tma_descriptor(kp.tma_drab.get_tma_descriptor());
@@ -219,7 +223,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     typename Traits::TiledMmaSdP tiled_mma_sdp;
     typename Traits::TiledMmadKV tiled_mma_dkv;
     typename Traits::TiledMmadQ tiled_mma_dq;
-    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tid);
+    // d 256: S and dP are one-warpgroup GEMMs (warpgroup 0: S, 1: dP), partitioned by the thread's warpgroup rank.
+    const int sdp_tid = Traits::kSplitCols ? tid % 128 : tid;
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(sdp_tid);
     auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tid);
     auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tid);
 
@@ -247,7 +253,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);    // (MMA, MMA_N, MMA_K)
 
     typename Traits::SmemCopyPdS smem_copy_pds;
-    auto thr_copy_pds = smem_copy_pds.get_thread_slice(tid);
+    auto thr_copy_pds = smem_copy_pds.get_thread_slice(sdp_tid);
     cute::Tensor tPsP = thr_copy_pds.partition_D(sP);     // (CPY, CPY_M, CPY_N, kPBuffers)
     cute::Tensor tdSsdS = thr_copy_pds.partition_D(sdS);  // (CPY, CPY_M, CPY_N, 2)
 
@@ -262,8 +268,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     const int wg = tid / 128;
     const BwdBarrier wg_barrier = wg == 0 ? BwdBarrier::kWarpGroup0 : BwdBarrier::kWarpGroup1;
-    cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
-    typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
 
     cute::Tensor tdVrdV = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
     cute::Tensor tdKrdK = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
@@ -280,7 +284,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // warp, so index r of a thread lies in lane 8 r + lane / 4 (the four threads of a quad share their rows).
     auto stat_row = [&](int t) {
       const int l = t % 32;
-      cute::Tensor tScS_src = tiled_mma_sdp.get_thread_slice(t - l + 4 * (l % 8)).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+      const int t_sdp = Traits::kSplitCols ? t % 128 : t;
+      cute::Tensor tScS_src = tiled_mma_sdp.get_thread_slice(t_sdp - l + 4 * (l % 8)).partition_C(cS);  // (MMA, MMA_M, MMA_N)
       cute::Tensor c_rc_src = cute::make_tensor(tScS_src.data(), acc_rowcol(tScS_src.layout()));  // (rows, cols)
       int row = 0;
       CUTE_UNROLL
@@ -347,165 +352,241 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const int pbuf = Traits::kPBuffers == 1 ? 0 : buf;
 
       pipeline.consumer_wait(read);
-      cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
-      cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
-      if constexpr (Traits::kHstu) {
-        // rab of this warpgroup's 64 keys: the second half of each 128-key buffer row lies kBlockM rows of 128-byte
-        // atoms further (SmemLayoutdS stacks its atoms along the rows first); one reader per 64-row MMA tile.
-        // The thread's coordinates from a thread index read again here (kept from before the loop, they spilled).
-        if (has_rab) {
-          const int t = consumer_thread_index<true>();
-          cute::Tensor tScS_t = tiled_mma_sdp.get_thread_slice(t).partition_C(cS);  // (MMA, MMA_M, MMA_N)
-          const int w = t / 128;
-          CUTE_UNROLL
-          for (int mi = 0; mi < size<1>(tSrS); ++mi) {
-            const RabReader<Element, kBlockM, kBlockN / 2> rab(
-                ss.ds.data() + buf * (kBlockM * kBlockN) + w * (kBlockM * kBlockN / 2), get<0>(tScS_t(0, mi, 0)),
-                get<1>(tScS_t(0, mi, 0)) - w * (kBlockN / 2));
-            cute::Tensor tSrS_mi = tSrS(_, mi, _);  // (MMA, MMA_N)
-            rab.load(tSrS_mi, 0);
-          }
+      if constexpr (Traits::kSplitCols) {
+        // Warpgroup 0: S -> P (stored); warpgroup 1: dP, then dS from P read back; both: dV once P is stored.
+        cute::Tensor tAcc = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+        if (wg == 0) {
+          warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tAcc, true);
+        } else {
+          warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tAcc, true);
         }
-      }
-      warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, !has_rab);
-      warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tdPrdP, true);
-      warpgroup_wait<1>();
-
-      cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
-      cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());                     // (MMA, MMA_M, MMA_N)
-      // HSTU: sigmoid(alpha u), rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP
-      // accumulators spilled at d 128).
-      cute::Tensor rSg = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
-      if constexpr (Traits::kHstu) {
-        // u = qk + rab: P = silu(alpha u) / scaling into rP and sigmoid(alpha u) = (1 + tanh(alpha u / 2)) / 2
-        // into rSg (one MUFU operation per element), both 0 where masked; dS is formed from them below.
-        cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));     // (rows, cols)
-        cute::Tensor sg_rc = cute::make_tensor(rSg.data(), acc_rowcol(rSg.layout()));  // (rows, cols)
-        // Column pairs (c, c + 1) are adjacent values of a fragment: one packed conversion each.
-        using Pair = cutlass::Array<Element, 2>;
-        cutlass::NumericArrayConverter<Element, float, 2> convert_pair;
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; c += 2) {
-            cutlass::Array<float, 2> prob, sg;
+        warpgroup_wait<0>();
+        cute::Tensor acc_rc = cute::make_tensor(tAcc.data(), acc_rowcol(tAcc.layout()));  // (rows, cols)
+        cute::Tensor rP = cute::make_tensor<Element>(tAcc.layout());                      // (MMA, MMA_M, MMA_N)
+        if (wg == 0) {
+          // P as in the split-keys path below: softcap in place, exp2, the element mask on edge tiles.
+          if (softcap) {
             CUTE_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const float u = s_rc(r, c + e);
-              const float t = tanh_approx(u * hstu.half_alpha);
-              const float h = u * hstu.half_scale;
-              prob[e] = fmaf(h, t, h);
-              sg[e] = fmaf(0.5f, t, 0.5f);
-            }
-            *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
-            *reinterpret_cast<Pair*>(&sg_rc(r, c)) = convert_pair(sg);
+            for (int e = 0; e < size(tAcc); ++e) tAcc(e) = tanhf(tAcc(e) * kp.scale_over_cap);
           }
-        }
-        if (!full_tile) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              if (!((visible >> (r * kCols + c)) & 1u)) {
-                p_rc(r, c) = static_cast<Element>(0.0f);
-                sg_rc(r, c) = static_cast<Element>(0.0f);
-              }
-            }
-          }
-        }
-      } else {
-        // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole. Softcap maps the
-        // scores in place first: a select per element kept the raw and the capped tile live at once (spills with
-        // 128-row steps).
-        if (softcap) {
-          CUTE_UNROLL
-          for (int e = 0; e < size(tSrS); ++e) tSrS(e) = tanhf(tSrS(e) * kp.scale_over_cap);
-        }
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const float lse2 = row_stat(lse2_lane, r);
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
-        }
-        if (!full_tile) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            detail::Range keys, unused;
-            detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
-            const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const int j = get<1>(c_rc(r, c));
-              if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
-            }
-          }
-        }
-        convert_fragment(tSrS, rP);
-      }
-      copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
-      // dV of this warpgroup's keys reads only the P columns it wrote: it starts once they are visible to wgmma.
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
-      warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, pbuf), tdVrdOt(_, _, _, stage), tdVrdV, false);
-
-      warpgroup_wait<1>();
-      cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
-      if constexpr (Traits::kHstu) {
-        // dS = dP * dP/du, dP/du = alpha dsilu(alpha u) / scaling = alpha (sg / scaling + P (1 - sg)), sg the
-        // sigmoid, P as rounded for dV (0 where masked, like sg).
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdPrdP); ++e) {
-          const float ap = p.alpha * static_cast<float>(rP(e));
-          tdPrdP(e) *= fmaf(static_cast<float>(rSg(e)), dprob_scale - ap, ap);
-        }
-        if (kp.drab_accum != nullptr) {
-          // One rab head for several query heads: fp32 column pairs added into the (b, max_sk, drab_ld) sums,
-          // rows inside the sequence's queries and columns inside its keys (the buffer's zeroed part).
-          const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
-          float* accum = kp.drab_accum + (int64_t(bi) * p.seqlen_k + m0 + sinfo.sk - sinfo.sq) * kp.drab_ld + n0;
-          const bool inside = m0 + kBlockM <= sinfo.sq && n0 + kBlockN <= sinfo.sk;
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const int i = get<0>(c_rc(r, 0));
-            if (!inside && m0 + i >= sinfo.sq) continue;
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; c += 2) {
-              const int j = get<1>(c_rc(r, c));
-              if (inside || n0 + j < sinfo.sk)
-                detail::sm80_bwd::red_add_f32x2(accum + i * kp.drab_ld + j, dp_rc(r, c), dp_rc(r, c + 1));
-            }
-          }
-        }
-      } else {
-        // dS = P (dP - D), with P as rounded for dV; softcap: times 1 - t^2, t = tanh(...) recovered from P.
-        cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const float dsum = row_stat(dsum_lane, r);
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) dp_rc(r, c) = static_cast<float>(p_rc(r, c)) * (dp_rc(r, c) - dsum);
-        }
-        if (softcap) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {
             const float lse2 = row_stat(lse2_lane, r);
             CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const float prob = static_cast<float>(p_rc(r, c));
-              const float t = (log2f(prob) + lse2) / kp.scale_log2;
-              dp_rc(r, c) = prob > 0.0f ? dp_rc(r, c) * (1.0f - t * t) : 0.0f;
+            for (int c = 0; c < kCols; ++c) acc_rc(r, c) = exp2f(acc_rc(r, c) * kp.scale_log2 - lse2);
+          }
+          if (!full_tile) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              detail::Range keys, unused;
+              detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
+              const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const int j = get<1>(c_rc(r, c));
+                if (j < lo || j >= hi) acc_rc(r, c) = 0.0f;
+              }
+            }
+          }
+          convert_fragment(tAcc, rP);
+          copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
+        }
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPWritten));
+        warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, pbuf), tdVrdOt(_, _, _, stage), tdVrdV, false);
+        if (wg == 1) {
+          // dS = P (dP - D) with P as stored (rounded, 0 where masked); softcap: times 1 - t^2 as below.
+          typename Traits::SmemLoadP smem_load_p;
+          auto thr_load_p = smem_load_p.get_thread_slice(sdp_tid);
+          cute::Tensor tLsP = thr_load_p.partition_S(sP);  // (CPY, CPY_M, CPY_N, kPBuffers)
+          cute::Tensor tLrP = thr_load_p.retile_D(rP);     // (CPY, CPY_M, CPY_N)
+          copy(smem_load_p, tLsP(_, _, _, pbuf), tLrP);
+          cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const float dsum = row_stat(dsum_lane, r);
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) acc_rc(r, c) = static_cast<float>(p_rc(r, c)) * (acc_rc(r, c) - dsum);
+          }
+          if (softcap) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              const float lse2 = row_stat(lse2_lane, r);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const float prob = static_cast<float>(p_rc(r, c));
+                const float t = (log2f(prob) + lse2) / kp.scale_log2;
+                acc_rc(r, c) = prob > 0.0f ? acc_rc(r, c) * (1.0f - t * t) : 0.0f;
+              }
+            }
+          }
+          cute::Tensor rdS = cute::make_tensor<Element>(tAcc.layout());  // (MMA, MMA_M, MMA_N)
+          convert_fragment(tAcc, rdS);
+          copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
+        }
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
+      } else {
+        cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
+        cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+        if constexpr (Traits::kHstu) {
+          // rab of this warpgroup's 64 keys: the second half of each 128-key buffer row lies kBlockM rows of 128-byte
+          // atoms further (SmemLayoutdS stacks its atoms along the rows first); one reader per 64-row MMA tile.
+          // The thread's coordinates from a thread index read again here (kept from before the loop, they spilled).
+          if (has_rab) {
+            const int t = consumer_thread_index<true>();
+            cute::Tensor tScS_t = tiled_mma_sdp.get_thread_slice(t).partition_C(cS);  // (MMA, MMA_M, MMA_N)
+            const int w = t / 128;
+            CUTE_UNROLL
+            for (int mi = 0; mi < size<1>(tSrS); ++mi) {
+              const RabReader<Element, kBlockM, kBlockN / 2> rab(
+                  ss.ds.data() + buf * (kBlockM * kBlockN) + w * (kBlockM * kBlockN / 2), get<0>(tScS_t(0, mi, 0)),
+                  get<1>(tScS_t(0, mi, 0)) - w * (kBlockN / 2));
+              cute::Tensor tSrS_mi = tSrS(_, mi, _);  // (MMA, MMA_N)
+              rab.load(tSrS_mi, 0);
             }
           }
         }
+        warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, !has_rab);
+        warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tdPrdP, true);
+        warpgroup_wait<1>();
+
+        cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
+        cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());                     // (MMA, MMA_M, MMA_N)
+        // HSTU: sigmoid(alpha u), rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP
+        // accumulators spilled at d 128).
+        cute::Tensor rSg = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+        if constexpr (Traits::kHstu) {
+          // u = qk + rab: P = silu(alpha u) / scaling into rP and sigmoid(alpha u) = (1 + tanh(alpha u / 2)) / 2
+          // into rSg (one MUFU operation per element), both 0 where masked; dS is formed from them below.
+          cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));     // (rows, cols)
+          cute::Tensor sg_rc = cute::make_tensor(rSg.data(), acc_rowcol(rSg.layout()));  // (rows, cols)
+          // Column pairs (c, c + 1) are adjacent values of a fragment: one packed conversion each.
+          using Pair = cutlass::Array<Element, 2>;
+          cutlass::NumericArrayConverter<Element, float, 2> convert_pair;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; c += 2) {
+              cutlass::Array<float, 2> prob, sg;
+              CUTE_UNROLL
+              for (int e = 0; e < 2; ++e) {
+                const float u = s_rc(r, c + e);
+                const float t = tanh_approx(u * hstu.half_alpha);
+                const float h = u * hstu.half_scale;
+                prob[e] = fmaf(h, t, h);
+                sg[e] = fmaf(0.5f, t, 0.5f);
+              }
+              *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
+              *reinterpret_cast<Pair*>(&sg_rc(r, c)) = convert_pair(sg);
+            }
+          }
+          if (!full_tile) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                if (!((visible >> (r * kCols + c)) & 1u)) {
+                  p_rc(r, c) = static_cast<Element>(0.0f);
+                  sg_rc(r, c) = static_cast<Element>(0.0f);
+                }
+              }
+            }
+          }
+        } else {
+          // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole. Softcap maps the
+          // scores in place first: a select per element kept the raw and the capped tile live at once (spills with
+          // 128-row steps).
+          if (softcap) {
+            CUTE_UNROLL
+            for (int e = 0; e < size(tSrS); ++e) tSrS(e) = tanhf(tSrS(e) * kp.scale_over_cap);
+          }
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const float lse2 = row_stat(lse2_lane, r);
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
+          }
+          if (!full_tile) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              detail::Range keys, unused;
+              detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
+              const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const int j = get<1>(c_rc(r, c));
+                if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
+              }
+            }
+          }
+          convert_fragment(tSrS, rP);
+        }
+        copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
+        // dV of this warpgroup's keys reads only the P columns it wrote: it starts once they are visible to wgmma.
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
+        warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, pbuf), tdVrdOt(_, _, _, stage), tdVrdV, false);
+
+        warpgroup_wait<1>();
+        cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
+        if constexpr (Traits::kHstu) {
+          // dS = dP * dP/du, dP/du = alpha dsilu(alpha u) / scaling = alpha (sg / scaling + P (1 - sg)), sg the
+          // sigmoid, P as rounded for dV (0 where masked, like sg).
+          CUTE_UNROLL
+          for (int e = 0; e < size(tdPrdP); ++e) {
+            const float ap = p.alpha * static_cast<float>(rP(e));
+            tdPrdP(e) *= fmaf(static_cast<float>(rSg(e)), dprob_scale - ap, ap);
+          }
+          if (kp.drab_accum != nullptr) {
+            // One rab head for several query heads: fp32 column pairs added into the (b, max_sk, drab_ld) sums,
+            // rows inside the sequence's queries and columns inside its keys (the buffer's zeroed part).
+            const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
+            float* accum = kp.drab_accum + (int64_t(bi) * p.seqlen_k + m0 + sinfo.sk - sinfo.sq) * kp.drab_ld + n0;
+            const bool inside = m0 + kBlockM <= sinfo.sq && n0 + kBlockN <= sinfo.sk;
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              const int i = get<0>(c_rc(r, 0));
+              if (!inside && m0 + i >= sinfo.sq) continue;
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; c += 2) {
+                const int j = get<1>(c_rc(r, c));
+                if (inside || n0 + j < sinfo.sk)
+                  detail::sm80_bwd::red_add_f32x2(accum + i * kp.drab_ld + j, dp_rc(r, c), dp_rc(r, c + 1));
+              }
+            }
+          }
+        } else {
+          // dS = P (dP - D), with P as rounded for dV; softcap: times 1 - t^2, t = tanh(...) recovered from P.
+          cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const float dsum = row_stat(dsum_lane, r);
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) dp_rc(r, c) = static_cast<float>(p_rc(r, c)) * (dp_rc(r, c) - dsum);
+          }
+          if (softcap) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              const float lse2 = row_stat(lse2_lane, r);
+              CUTE_UNROLL
+              for (int c = 0; c < kCols; ++c) {
+                const float prob = static_cast<float>(p_rc(r, c));
+                const float t = (log2f(prob) + lse2) / kp.scale_log2;
+                dp_rc(r, c) = prob > 0.0f ? dp_rc(r, c) * (1.0f - t * t) : 0.0f;
+              }
+            }
+          }
+        }
+        cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
+        convert_fragment(tdPrdP, rdS);
+        copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
+        // The dQ staging tile is free again once the previous step's reduce-add has read it; the barrier tells
+        // the warpgroup.
+        if (tid % 128 == 0) tma_store_wait<0>();
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
       }
-      cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
-      convert_fragment(tdPrdP, rdS);
-      copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
-      // The dQ staging tile is free again once the previous step's reduce-add has read it; the barrier tells
-      // the warpgroup.
-      if (tid % 128 == 0) tma_store_wait<0>();
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
       if constexpr (Traits::kHstu) {
         // dRab of this (head, query block, key block), visited once: the 16-bit dS tile as it is. Rows and
         // columns past the sequence hold zeros (masked), the ones past max_sk are clipped by TMA.
@@ -527,31 +608,49 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
       if constexpr (!Traits::kHstu) load_row_stats(step + 1);
       warpgroup_wait<1>();
-      // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact zeros
-      // (P and K are zero there), so the whole tile is added.
-      {
-        // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
-        // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
+      if constexpr (Traits::kdQAtomic) {
+        // dQ of the tile's rows inside the sequence and columns below d: column pairs (c, c + 1) of the
+        // fragment as one 8-byte reduction each. Coordinates from a thread index read again here.
         const int t = consumer_thread_index<true>();
-        cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
-        // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+        cute::Tensor cdQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
+        cute::Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(t).partition_C(cdQ);       // (MMA, MMA_M, MMA_N)
+        const int64_t row_stride = int64_t(kp.params.heads) * kHeadDim;
+        float* dq_tile = kp.dq_accum + (int64_t(dq_row_base) + m0) * row_stride + int64_t(head) * kHeadDim;
+        const int rows = int(detail::min64(seq.sq - m0, kBlockM));
         CUTE_UNROLL
         for (int e = 0; e < size(tdQrdQ); e += 2) {
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
-                       "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
-                       : "memory");
+          const int r = get<0>(tdQcdQ(e)), c = get<1>(tdQcdQ(e));
+          if (r < rows && c < d) detail::sm80_bwd::red_add_f32x2(dq_tile + r * row_stride + c, tdQrdQ(e), tdQrdQ(e + 1));
         }
-      }
-      tma_store_fence();
-      cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
-      if (tid % 128 == 0) {
-        const int w = consumer_thread_index<true>() / 128;  // read again: kept from before the loop, it spilled
-        cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
-        cute::Tensor gdQ = local_tile(domain_offset(make_coord(dq_row_base + int(m0), _0{}), mdQ(_, _, head)),
-                                      Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
-        auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
-        copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
-        tma_store_arrive();
+      } else {
+        // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact
+        // zeros (P and K are zero there), so the whole tile is added.
+        cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
+        {
+          // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
+          // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
+          const int t = consumer_thread_index<true>();
+          typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
+          cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
+          // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+          CUTE_UNROLL
+          for (int e = 0; e < size(tdQrdQ); e += 2) {
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
+                         "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
+                         : "memory");
+          }
+        }
+        tma_store_fence();
+        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
+        if (tid % 128 == 0) {
+          const int w = consumer_thread_index<true>() / 128;  // read again: kept from before the loop, it spilled
+          cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
+          cute::Tensor gdQ = local_tile(domain_offset(make_coord(dq_row_base + int(m0), _0{}), mdQ(_, _, head)),
+                                        Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
+          auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+          copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
+          tma_store_arrive();
+        }
       }
       warpgroup_wait<0>();
       // The stage's dS buffer takes the next rab tile: the dRab store (the older of this thread's two bulk

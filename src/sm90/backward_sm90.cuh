@@ -6,8 +6,9 @@
 // the small kernels being the sm80 backward's (sm80/backward_aux_sm80.cuh).
 // Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim), D (softmax, indexed like LSE), and for HSTU with one
 // rab head shared by several query heads the fp32 (b, max_sk, max_sk rounded to even) dRab accumulator.
-// fp16/bf16, d == d_v <= 128 only; everything else (deterministic mode, d != d_v, larger head dims) is refused
-// here and runs on the sm80 backward (dispatch falls back when `supports` refuses).
+// fp16/bf16, d == d_v; buckets d 64 and d 128 (softmax and HSTU) and d 256 (softmax); everything else
+// (deterministic mode, d != d_v, other buckets) is refused here and runs on the sm80 backward (dispatch falls
+// back when `supports` refuses).
 #pragma once
 
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
@@ -29,6 +30,7 @@
 #include "sm80/backward_aux_sm80.cuh"
 #include "sm90/backward_kernel_sm90.cuh"
 #include "sm90/backward_traits_sm90.cuh"
+#include "sm90/hstu_sm90.cuh"
 
 namespace cuteattn::detail {
 
@@ -89,21 +91,7 @@ struct Sm90Backward {
       if (!aligned(*t)) return refuse("needs 16-byte aligned pointers and strides");
     if (!kHstu && !aligned(p.o)) return refuse("needs 16-byte aligned pointers and strides");
     if (kHstu) {
-      if (p.heads_k != p.heads) return refuse("HSTU needs h_k == h");
-      if (p.rab != nullptr) {
-        // TMA of the rab and dRab tiles: 16-byte aligned base and strides, and 32-bit coordinates.
-        constexpr int64_t kVec = 16 / sizeof(Element);
-        if (p.rab_heads != 1 && p.rab_heads != p.heads) return refuse("rab heads must be 1 or h");
-        if (reinterpret_cast<uintptr_t>(p.rab) % 16 != 0 || p.rab_row_stride % kVec != 0 ||
-            p.rab_head_stride % kVec != 0 || p.rab_batch_stride % kVec != 0)
-          return refuse("needs a 16-byte aligned rab with 16-byte multiple strides");
-        if (p.drab != nullptr &&
-            (reinterpret_cast<uintptr_t>(p.drab) % 16 != 0 || p.drab_row_stride % kVec != 0 ||
-             p.drab_head_stride % kVec != 0 || p.drab_batch_stride % kVec != 0))
-          return refuse("needs a 16-byte aligned drab with 16-byte multiple strides");
-        if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31))
-          return refuse("rab beyond 32-bit TMA coordinates");
-      }
+      if (const char* why = sm90::hstu_tma_refusal<Element>(p)) return refuse(why);
     }
     if (DeviceProperties::of(p.device_index).smem_optin < Traits::kSmemBytes)
       return refuse("the device has too little shared memory");
@@ -175,6 +163,15 @@ struct Sm90Backward {
       auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
       auto dq_view = cute::make_tensor(make_gmem_ptr(dq_accum), make_shape(int(p.total_q), kHeadDim, int(p.heads)),
                                        make_stride(p.heads * kHeadDim, _1{}, int64_t(kHeadDim)));
+      // The dQ reduce-add by TMA; none where dQ leaves by reductions from the registers (Traits::kdQAtomic).
+      auto make_dq_tma = [](auto const& view) {
+        if constexpr (Traits::kdQAtomic) {
+          return typename Traits::TmadQ{};
+        } else {
+          return make_tma_copy(SM90_TMA_REDUCE_ADD{}, view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
+                               Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{});
+        }
+      };
       sm90::BackwardKernelParams<Traits> kp{
           make_tma_copy(SM90_TMA_LOAD{}, make_view(p.q, rows_q, p.heads), smem_q, tile_q, _1{}),
           make_tma_copy(SM90_TMA_LOAD{}, make_view(p.dout, rows_q, p.heads), smem_q, tile_q, _1{}),
@@ -182,8 +179,7 @@ struct Sm90Backward {
                         _1{}),
           make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k), typename Traits::SmemLayoutV{}, tile_k,
                         _1{}),
-          make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
-                        Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{}),
+          make_dq_tma(dq_view),
           dq_view.shape(),
           make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
           make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
@@ -196,7 +192,8 @@ struct Sm90Backward {
           {},
           {},
           drab_accum,
-          pl.drab_ld};
+          pl.drab_ld,
+          dq_accum};
       if constexpr (kHstu) {
         if (p.rab != nullptr) {
           const int max_sk = int(p.seqlen_k);

@@ -1,12 +1,16 @@
 // Compile-time shape of the sm90 backward kernel for one (element type, head dim): tile sizes, thread roles,
 // shared-memory layouts, TMA copy types and the five warpgroup MMAs of one (query block, key block) step
-//   S = Q K^T, dP = dO V^T          (kBlockM query rows x 128 keys; warpgroup w takes keys [64 w, 64 w + 64))
-//   dV += P^T dO, dK += dS^T Q      (128 keys x d; warpgroup w takes the same 64 keys)
+//   S = Q K^T, dP = dO V^T          (kBlockM query rows x kBlockN keys; d <= 128: warpgroup w takes the w-th half
+//                                    of the keys of both; d 256: warpgroup 0 computes S, warpgroup 1 dP, whole)
+//   dV += P^T dO, dK += dS^T Q      (kBlockN keys x d; d <= 128: warpgroup w takes the same keys as in S;
+//                                    d 256 (kSplitCols): all 64 keys, columns [128 w, 128 w + 128))
 //   dQ = dS K                       (kBlockM query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2))
 // all from shared memory: P and dS go there as 16-bit tiles. dS has two buffers, so one step's writes never meet
-// the other warpgroup's reads (dQ) of the step before; P is read only by the warpgroup that wrote it (dV of its
-// own keys), so one buffer serves where shared memory is short. dQ leaves through an fp32 staging tile and a TMA
-// reduce-add.
+// the other warpgroup's reads (dQ) of the step before; at d <= 128 P is read only by the warpgroup that wrote it
+// (dV of its own keys), so one buffer serves where shared memory is short; at d 256 both warpgroups read all of
+// P, which is double-buffered like dS; warpgroup 1 reads P back (ldmatrix) to form dS. dQ leaves through an fp32
+// staging tile and a TMA reduce-add, at d 256 by fp32 vector reductions straight from the registers (no room for
+// a staging tile).
 // HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
 // writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
 // buffer by a TMA store once dS is in it.
@@ -32,6 +36,15 @@ enum class BwdBarrier : uint32_t {
   kPdSWritten = 0,   // both consumer warpgroups: this step's P and dS tiles are in shared memory
   kWarpGroup0 = 1,   // consumer warpgroup 0 alone: its P columns, then its dQ columns, are in shared memory
   kWarpGroup1 = 2,   // the same for warpgroup 1
+  kPWritten = 3,     // both consumer warpgroups (d 256): this step's P tile is in shared memory
+};
+
+// The fp32 dQ staging tile of the kernels that reduce dQ by TMA; the d 256 kernel has none.
+template <bool kStaged, class ElementAccum, int kElems>
+struct BackwarddQStaging {};
+template <class ElementAccum, int kElems>
+struct BackwarddQStaging<true, ElementAccum, kElems> {
+  alignas(1024) cute::array_aligned<ElementAccum, kElems, 1024> dq;
 };
 
 // The query-step height per (score, head dim): 128 rows for softmax at d 64 halve the fixed costs of a step
@@ -43,8 +56,9 @@ enum class BwdBarrier : uint32_t {
 //                              + dQ fp32 32 KB = 224 KB
 //   HSTU d 64, kBlockM 64:     2 x (Q + dO) 32 KB + K + V 32 KB + 2 x (P + dS) 64 KB + dQ fp32 16 KB = 144 KB
 //   d 128, kBlockM 64:         2 x (Q + dO) 64 KB + K + V 64 KB + 2 x (P + dS) 64 KB + dQ fp32 32 KB = 224 KB
-// Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (kBlockM / 2 fp32 each), dQ
-// (kBlockM d / 256).
+//   d 256, kBlockM 64, kBlockN 64: 2 x (Q + dO) 128 KB + K + V 64 KB + 2 x (P + dS) 32 KB = 224 KB
+// Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (kBlockM kBlockN / 256 fp32
+// each), dQ (kBlockM d / 256); at d 256 dK and dV 64 each, one 64 x 64 tile (S or dP) 32, dQ 64.
 template <DType kDType, int kHeadDim_, bool kHstu_>
 struct BackwardTraitsSm90 {
   using Element = ElementOf<kDType>;
@@ -52,11 +66,17 @@ struct BackwardTraitsSm90 {
   static constexpr bool kHstu = kHstu_;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head dims 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kHstu),
+                "sm90 backward: head dims 64 and 128, softmax 256");
+  // d 256: 64 keys x 256 columns of dK and dV for one warpgroup would take 256 registers per thread; the
+  // warpgroups split them by columns instead (64 keys x 128 columns each).
+  static constexpr bool kSplitCols = kHeadDim > 128;
+  static constexpr bool kdQAtomic = kSplitCols;  // dQ by reductions from registers, no staging tile
   static constexpr int kBlockM = kHeadDim == 64 && !kHstu ? 128 : 64;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kSplitCols ? 64 : 128;
   static constexpr int kStages = 2;
   static constexpr int kPBuffers = kBlockM == 128 ? 1 : 2;
+  static_assert(!kSplitCols || kPBuffers == 2, "P read by both warpgroups needs two buffers");
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0: one TMA producer warp
@@ -65,21 +85,24 @@ struct BackwardTraitsSm90 {
 
   using AtomSplitN = Layout<Shape<_1, Int<kNumMmaWarpGroups>, _1>>;  // warpgroups split N
   using AtomSplitM = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;  // warpgroups split M
+  // d 256: one whole (kBlockM, kBlockN) GEMM per warpgroup (S or dP), N = 64 instead of two N = 32 halves of
+  // each: every warpgroup reads one of Q and dO instead of both (shared-memory bandwidth bounds N = 32).
+  static constexpr int kSdPCols = kSplitCols ? kBlockN : kBlockN / kNumMmaWarpGroups;
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum,
-                           Shape<_64, Int<kBlockN / kNumMmaWarpGroups>, Int<kHeadDim>>>(),
-      AtomSplitN{}));
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kSdPCols>, Int<kHeadDim>>>(),
+      std::conditional_t<kSplitCols, Layout<Shape<_1, _1, _1>>, AtomSplitN>{}));
+  static constexpr int kdKVCols = kSplitCols ? kHeadDim / kNumMmaWarpGroups : kHeadDim;
   using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdKVCols>, Int<kBlockM>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      AtomSplitM{}));
+      std::conditional_t<kSplitCols, AtomSplitN, AtomSplitM>{}));
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum,
                            Shape<_64, Int<kHeadDim / kNumMmaWarpGroups>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomSplitN{}));
-  static_assert(decltype(size<1>(typename TiledMmaSdP::AtomShape_MNK{}))::value == kBlockN / kNumMmaWarpGroups &&
-                    decltype(size<1>(typename TiledMmadKV::AtomShape_MNK{}))::value == kHeadDim &&
+  static_assert(decltype(size<1>(typename TiledMmaSdP::AtomShape_MNK{}))::value == kSdPCols &&
+                    decltype(size<1>(typename TiledMmadKV::AtomShape_MNK{}))::value == kdKVCols &&
                     decltype(size<1>(typename TiledMmadQ::AtomShape_MNK{}))::value == kHeadDim / kNumMmaWarpGroups,
                 "wgmma N narrower than the tile");
 
@@ -105,6 +128,8 @@ struct BackwardTraitsSm90 {
       SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
   // Register -> shared stores of P and dS: stmatrix of 8x8 16-bit matrices, four per instruction.
   using SmemCopyPdS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaSdP{}));
+  // d 256: P back from shared memory into warpgroup 1's dP fragment layout (ldmatrix, the mirror of stmatrix).
+  using SmemLoadP = decltype(make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, TiledMmaSdP{}));
 
   // The dQ staging tile: (rows, columns of a warpgroup, warpgroup), 128-byte swizzled fp32 (conflict-free
   // enough for the accumulator's column pairs); TMA adds each warpgroup's part into the fp32 dQ workspace.
@@ -154,7 +179,7 @@ struct BackwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> p;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
-    alignas(1024) cute::array_aligned<ElementAccum, cosize_v<SmemLayoutdQ>, 1024> dq;
+    BackwarddQStaging<!kdQAtomic, ElementAccum, cosize_v<SmemLayoutdQ>> staging;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename PipelineQdO::SharedStorage pipeline_qdo;
   };

@@ -97,6 +97,10 @@ struct CaseConfig {
   // Varlen: the max_seqlen arguments; 0 or anything below the longest sequence means the longest sequence.
   // Larger values are legal (they only bound the lengths) and set the rab/dRab rows' length.
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  // The dK check's atol (< 0: check_close's default). For a dK whose reference is zero by exact cancellation
+  // (one key: P = 1, dP = D), where the plain computation cancels exactly too and ours keeps the fp32 rounding
+  // of two dot products summed in different orders, over every query row.
+  double dk_atol = -1.0;
 
   bool varlen() const { return !seqlens_q.empty(); }
   std::string describe() const;

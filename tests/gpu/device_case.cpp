@@ -197,7 +197,7 @@ void check_backward_on_device(const CaseConfig& cfg, Backend backend, bool deter
 
   const double factor = softmax ? kGradFactor : kHstuFactor;
   EXPECT_TRUE(check_close("dq", c.dq, plain.dq, ref.dq, factor));
-  EXPECT_TRUE(check_close("dk", c.dk, plain.dk, ref.dk, factor));
+  EXPECT_TRUE(check_close("dk", c.dk, plain.dk, ref.dk, factor, cfg.dk_atol));
   EXPECT_TRUE(check_close("dv", c.dv, plain.dv, ref.dv, factor));
   if (cfg.drab) {
     EXPECT_TRUE(check_close("drab", c.drab, plain.drab, ref.drab, kHstuFactor));

@@ -1,8 +1,9 @@
 // GPU tests of the sm90 backward kernel (TMA + wgmma), softmax: dQ/dK/dV against the float64 CPU oracle under
 // the FlashAttention gradient rule (3x the error of a plain bf16/fp16 computation), every output element written
-// over a NaN poison, for odd lengths (1, 113, 1023, 4224), s_q != s_k, the d 64 and d 128 buckets and head dims
-// below them, causal with s_q != s_k (rows without keys), sliding windows, softcap, GQA and varlen with empty
-// sequences; d 64 (128-row query steps) with lengths across the step height. O and LSE come from the CPU tiled
+// over a NaN poison, for odd lengths (1, 113, 1023, 4224), s_q != s_k, the d 64, d 128 and d 256 buckets and
+// head dims below them, causal with s_q != s_k (rows without keys), sliding windows, softcap, GQA and varlen with
+// empty sequences; d 64 (128-row query steps) with lengths across the step height; d 256 (64-key blocks, dK and
+// dV split by columns, dQ by reductions from registers) over the same matrix. O and LSE come from the CPU tiled
 // forward, so a failure points at the backward.
 // HSTU (Sm90BackwardHstu): dQ/dK/dV/dRab under the HSTU rule (5x), jagged lengths with empty sequences, rab of
 // 1 and h heads with and without dRab, contexts and targets, a window, d 96 in the d 128 bucket, and the calls
@@ -103,6 +104,82 @@ TEST_F(Sm90Backward, HeadDim64TallSteps) {
 // A small d 64 case (128-row steps, tail rows, GQA) for the sanitizers.
 TEST_F(Sm90Backward, HeadDim64Sanitize) {
   CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 2, 64, 193, 150);
+  cfg.causal = true;
+  check_backward(cfg);
+}
+
+// d 256: 64-row steps over 64-key blocks, lengths around and across both (1, 65, 127, 129, 1023 vs 1, 113, 4224).
+// Not s_q 1023 with s_k 1 unmasked: dK is exactly 0 there (one key), the plain computation's dP - D cancels
+// exactly (same summation order), ours leaves fp32 rounding of two 256-term dot products in different orders
+// summed over 1023 rows (3.5e-5 against the 1e-5 atol); 1023 rows seeing one key causally are covered below.
+TEST_F(Sm90Backward, HeadDim256) {
+  for (int64_t sq : {1, 65, 127, 129, 1023}) {
+    for (int64_t sk : {1, 113, 4224}) {
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, 256, sq, sk);
+      // One key: dS = P (dP - D) is zero in exact arithmetic and in the plain computation, ours keeps the fp32
+      // rounding of dP (wgmma) against D (the dot-product pass), ~2e-6 a row at d 256, summed over 1023 rows
+      // into dK (3.5e-5 measured): dK's atol 1e-4 there instead of 1e-5.
+      if (sk == 1 && sq == 1023) cfg.dk_atol = 1e-4;
+      check_backward(cfg);
+    }
+  }
+}
+
+TEST_F(Sm90Backward, HeadDim256Masks) {
+  for (int64_t sq : {65, 129, 1023}) {
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 256, sq, 4224);  // causal with s_q < s_k
+    cfg.causal = true;
+    check_backward(cfg);
+  }
+  for (int64_t sk : {1, 113}) {
+    CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 2, 2, 256, 1023, sk);  // causal with s_q > s_k
+    cfg.causal = true;
+    check_backward(cfg);
+  }
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 256, 1023, 1023);
+  cfg.window_left = 200;
+  cfg.window_right = 37;
+  check_backward(cfg);
+  cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 256, 300, 300);
+  cfg.softcap = 5.0f;
+  cfg.softmax_scale = 0.3f;
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+}
+
+TEST_F(Sm90Backward, HeadDim256GqaVarlen) {
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 8, 1, 256, 129, 257);  // GQA 8:1
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg = softmax_varlen(DType::kBFloat16, {0, 129, 1, 0, 300, 127, 65}, {5, 113, 0, 0, 257, 200, 65}, 8, 1, 256);
+  check_backward(cfg);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg.softcap = 5.0f;
+  cfg.softmax_scale = 0.3f;
+  check_backward(cfg);
+  cfg = softmax_varlen(DType::kFloat16, {0, 113, 1, 0, 300, 64}, {5, 113, 0, 0, 257, 200}, 3, 3, 256);
+  cfg.causal = true;
+  check_backward(cfg);
+}
+
+// Head dims below the d 256 bucket (columns past d: zero K, Q, dO columns, no dQ reductions there).
+TEST_F(Sm90Backward, HeadDim256Narrower) {
+  check_backward(softmax_fixed(DType::kBFloat16, 2, 2, 2, 192, 333, 200));
+  CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 4, 2, 160, 257, 1023);
+  cfg.causal = true;
+  check_backward(cfg);
+  cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, 136, 129, 129);
+  cfg.window_left = 30;
+  cfg.window_right = 5;
+  check_backward(cfg);
+}
+
+// A small d 256 case (tail rows and keys, GQA, causal) for the sanitizers.
+TEST_F(Sm90Backward, HeadDim256Sanitize) {
+  CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 2, 256, 150, 193);
   cfg.causal = true;
   check_backward(cfg);
 }
