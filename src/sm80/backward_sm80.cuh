@@ -39,6 +39,12 @@ struct Sm80Backward {
 
   static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
+  // The A100 configuration (163 KB of shared memory per CTA), and the one for devices that give a CTA 227 KB
+  // (sm90), launched where it differs (softmax fp16/bf16 d = 256: Q/dO double-buffered, 2 x 4 dQ warps).
+  using TraitsSm80 = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>;
+  using TraitsLarge = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu, 227 * 1024>;
+  static constexpr bool kLargeDiffers = TraitsLarge::kStages != TraitsSm80::kStages;
+
   static int block_n() {
     if constexpr (kCompiled) {
       return sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>::kBlockN;
@@ -129,7 +135,7 @@ struct Sm80Backward {
     if constexpr (!kCompiled) {
       return Status::NotSupported("sm80 backward: HSTU kernels exist for float16 and bfloat16 only");
     } else {
-      using Traits = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>;
+      using Traits = TraitsSm80;
       using Element = typename Traits::Element;
       const Plan pl = plan(p);
       cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
@@ -185,9 +191,21 @@ struct Sm80Backward {
         const unsigned head_groups = unsigned(p.heads / pl.heads_per_cta);
         const dim3 grid = pl.heads_inner ? dim3(pl.nsplit * head_groups, unsigned(p.batch), 1)
                                          : dim3(pl.nsplit, unsigned(p.batch), head_groups);
-        auto kernel = sm80_bwd::bwd_kernel<Traits, kHstu>;
-        err = opt_in_shared_memory<Traits>(kernel, Traits::kSmemBytes, p.device_index);
-        if (err == cudaSuccess) kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
+        auto run = [&](auto traits) {
+          using T = decltype(traits);
+          auto kernel = sm80_bwd::bwd_kernel<T, kHstu>;
+          err = opt_in_shared_memory<T>(kernel, T::kSmemBytes, p.device_index);
+          if (err == cudaSuccess) kernel<<<grid, T::kNThreads, T::kSmemBytes, stream>>>(args);
+        };
+        if constexpr (kLargeDiffers) {
+          if (DeviceProperties::of(p.device_index).smem_optin >= TraitsLarge::kSmemBytes) {
+            run(TraitsLarge{});
+          } else {
+            run(TraitsSm80{});
+          }
+        } else {
+          run(TraitsSm80{});
+        }
         if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
       }
 

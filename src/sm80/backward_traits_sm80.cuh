@@ -56,7 +56,7 @@ constexpr Fp32BwdTiles fp32_bwd_tiles(int head_dim) {
 // threads) at <= 128 registers per thread next to the S/dP tiles; kBlockN shrinks to 64 for d > 128 for the
 // same reason. Softmax with d <= 64 takes 128 x 128 tiles: half the query-block steps, each with twice the
 // MMA work (HSTU keeps 64-row blocks: its preloaded rab pairs would double too and spill).
-template <DType kDType, int kHeadDim_, bool kHstu>
+template <DType kDType, int kHeadDim_, bool kHstu, int kSmemBudget = 163 * 1024>
 struct BwdTraits {
   using Element = typename ElementOf<kDType>::type;
   using ElementMma = typename ElementOf<kDType>::mma;
@@ -71,12 +71,18 @@ struct BwdTraits {
   static constexpr int kNWarps = 8;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kMmaK = kFp32 ? 8 : 16;
+  // Shared memory one CTA may take: kSmemBudget (163 KB on an A100, 227 KB on sm90) for softmax fp16/bf16; HSTU
+  // and tf32 keep the A100 configuration everywhere (not measured with more).
+  static constexpr int kBudget = kHstu || kFp32 ? 163 * 1024 : kSmemBudget;
 
   // Warps along M for S/dP, along N for dK/dV, along M for dQ (the rest of the warps tile the other side).
-  // d = 128 computes dQ with 2 x 4 warps of 32 x 32: each warp reads a quarter of K^T instead of half with 4 x 2.
-  static constexpr int kAtomMSdP = kFp32 ? kBlockM / 16 : kBlockN == 128 ? 2 : 4;
+  // d = 128, and d = 256 with sm90's shared memory, compute dQ with 2 x 4 warps of 32 x 32: each warp reads a
+  // quarter of K^T instead of half with 4 x 2 (H100 bf16 d256 vs FA2: 0.84-0.88x -> 0.86-0.90x). d = 64 splits the
+  // 128 x 128 S/dP tile 4 x 2 (H100 bf16 vs FA2: 0.79-0.89x -> 0.82-0.90x).
+  static constexpr int kAtomMSdP = kFp32 ? kBlockM / 16 : kBlockN == 128 && !(kHeadDim == 64 && kBlockM == 128) ? 2 : 4;
   static constexpr int kAtomNdKV = kFp32 ? kBlockN / 16 : kBlockN == 128 ? 4 : 2;
-  static constexpr int kAtomMdQ = kFp32 ? kBlockM / 16 : kHeadDim == 128 ? 2 : 4;
+  static constexpr int kAtomMdQ =
+      kFp32 ? kBlockM / 16 : kHeadDim == 128 || (kHeadDim == 256 && kBudget > 163 * 1024) ? 2 : 4;
   // The S/dP tile's N extent: 16 per warp along N (two n8 MMAs, one ldmatrix.x4 of B per k-slice), or 8 when the
   // warps along N already cover kBlockN that way (fp32 32 x 32: 4 warps of 8 columns, ldmatrix.x2).
   static constexpr int kTileNSdP = 16 * (kNWarps / kAtomMSdP) <= kBlockN ? 16 * (kNWarps / kAtomMSdP) : kBlockN;
@@ -129,18 +135,18 @@ struct BwdTraits {
   static constexpr int kSizeQdO = kBlockM * (kHeadDim + kPad);
   static constexpr int kSizeKV = kBlockN * (kHeadDim + kPad);
   static constexpr int kSizePdS = kBlockM * (kBlockN + kPad);
-  // Q and dO are double-buffered (the next query block loads during this one's math) when it fits the
-  // 163 KB an A100 gives one CTA; d = 256 runs single-buffered (double-buffered, measured no faster on an
-  // H100). Each stage also holds the fp32 LSE and D of its kBlockM rows, loaded with Q and dO so the softmax
-  // never waits on global memory. Behind them, kSmemScalarBytes hold the batch entry's sequence bounds and mask.
+  // Q and dO are double-buffered (the next query block loads during this one's math) when that fits kBudget:
+  // everywhere but d = 256 on an A100 (with sm90's 227 KB, H100 bf16 d256 vs FA2: 0.81-0.84x -> 0.84-0.88x). Each
+  // stage also holds the fp32 LSE and D of its kBlockM rows, loaded with Q and dO so the softmax never waits on
+  // global memory. Behind them, kSmemScalarBytes hold the batch entry's sequence bounds and mask.
   static constexpr int kSmemScalarBytes = 160;
   static constexpr int smem_bytes(int stages) {
     return (2 * stages * kSizeQdO + 2 * kSizeKV + 2 * kSizePdS) * int(sizeof(Element)) +
            2 * stages * kBlockM * int(sizeof(float)) + kSmemScalarBytes;
   }
-  static constexpr int kStages = smem_bytes(2) <= 163 * 1024 ? 2 : 1;
-  // The loop runs dV, dQ, dK (the dK MMAs overlap the dQ atomics), except single-buffered (d = 256), where
-  // the reordering costs spills.
+  static constexpr int kStages = smem_bytes(2) <= kBudget ? 2 : 1;
+  // The loop runs dV, dQ, dK (the dK MMAs overlap the dQ atomics), except single-buffered (d = 256 on an A100),
+  // where the reordering costs spills.
   static constexpr bool kDkAfterDq = kStages == 2;
   // With kDkAfterDq: the dK GEMM's k-slices (of kBlockM / kMmaK) over which the last dQ chunk's reductions are
   // spread (H100, softmax bf16, vs FA2: d128 0.82-0.89x -> 0.87-0.96x, d64 0.80-0.83x -> 0.84-0.88x; all at

@@ -103,6 +103,36 @@ TEST(Sm80Backward, SoftmaxBuckets96And256) {
   check_backward(cfg, /*deterministic=*/true, /*repeats=*/2);
 }
 
+// Long query-block walks at d = 64 and 256 (on sm90, d = 256 double-buffers Q/dO like d = 64 does everywhere):
+// many steps, steps skipped by a window, the last block partial, rows without keys, GQA, varlen with empty
+// sequences, the deterministic mode.
+TEST(Sm80Backward, SoftmaxLongWalks) {
+  for (int64_t d : {64, 256}) {
+    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+      for (int64_t s : {1, 113, 1023}) check_backward(softmax_fixed(dt, 1, 2, 2, d, s, s));
+    }
+    CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 2, d, 700, 900);  // causal with s_q < s_k
+    cfg.causal = true;
+    check_backward(cfg);
+    cfg = softmax_fixed(DType::kFloat16, 1, 2, 2, d, 900, 600);  // causal with s_q > s_k: rows without keys
+    cfg.causal = true;
+    check_backward(cfg);
+    cfg = softmax_fixed(DType::kBFloat16, 1, 2, 2, d, 1000, 1000);  // most query blocks skip each key block
+    cfg.window_left = 150;
+    cfg.window_right = 40;
+    check_backward(cfg);
+    cfg.softcap = 5.0f;
+    cfg.softmax_scale = 0.3f;
+    check_backward(cfg);
+    cfg = softmax_varlen(DType::kBFloat16, {0, 513, 1, 700}, {3, 513, 0, 650}, 2, 1, d);
+    cfg.causal = true;
+    check_backward(cfg);
+    cfg = softmax_fixed(DType::kBFloat16, 2, 2, 1, d, 777, 777);
+    cfg.causal = true;
+    check_backward(cfg, /*deterministic=*/true, /*repeats=*/2);
+  }
+}
+
 // The buckets the tests above do not reach (32, 96, 192, 256).
 TEST(Sm80Backward, EveryOtherBucket) {
   for (int64_t d : {32, 96, 192, 256}) {
