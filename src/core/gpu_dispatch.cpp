@@ -52,31 +52,22 @@ KernelFamily family_of(Backend backend, bool backward) {
   return backward ? KernelFamily::kSm80Backward : KernelFamily::kSm80Forward;
 }
 
-// The smallest compiled head-dim bucket of `family` >= max(d, d_v), or 0 when none holds the call.
-int smallest_bucket(const Params& p, KernelFamily family) {
-  const int need = static_cast<int>(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
-  int dims[16];
-  const int n = compiled_head_dims(family, p.score, p.dtype, dims, 16);
-  for (int i = 0; i < n; ++i)
-    if (dims[i] >= need) return dims[i];
-  return 0;
-}
-
 // The entry of the smallest compiled bucket >= max(d, d_v) that supports the problem.
 Status find_entry(const Params& p, Backend backend, bool backward, const KernelEntry** out) {
   const KernelFamily family = family_of(backend, backward);
-  if (const int bucket = smallest_bucket(p, family)) {
-    const KernelEntry* entry = find_kernel({family, p.score, p.dtype, bucket});
+  const int need = static_cast<int>(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
+  int dims[16];
+  const int n = compiled_head_dims(family, p.score, p.dtype, dims, 16);
+  for (int i = 0; i < n; ++i) {
+    if (dims[i] < need) continue;
+    const KernelEntry* entry = find_kernel({family, p.score, p.dtype, dims[i]});
     Status s = entry->supports(p);
     if (!s.ok()) return s;
     *out = entry;
     return Status::Ok();
   }
-  int dims[16];
-  const int n = compiled_head_dims(family, p.score, p.dtype, dims, 16);
   std::string compiled;
   for (int i = 0; i < n; ++i) compiled += (i ? ", " : "") + std::to_string(dims[i]);
-  const int64_t need = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
   return Status::NotSupported(std::string(backend_name(backend)) + (backward ? " backward" : " forward") +
                               ": no " + (p.score == ScoreFunction::kSoftmax ? "softmax" : "hstu") + " " +
                               dtype_name(p.dtype) + " kernel for head dim " + std::to_string(need) +
@@ -164,12 +155,7 @@ Status resolve_gpu_backend(const Params& p, bool backward, Backend* chosen) {
   if (!guard.status().ok()) return guard.status();
   const KernelEntry* entry = nullptr;
   const bool hopper = DeviceProperties::of(p.device_index).compute_capability == 90;
-  // Every GEMM of the backward grows with the padded head dim: where the sm80 backward has a smaller bucket for
-  // the call than the sm90 one (d <= 32; 128 < d <= 192, which the sm90 backward pads to 256), auto keeps the sm80
-  // backward, as before those sm90 buckets existed (neither case measured against the other yet).
-  const int sm80_bucket = backward ? smallest_bucket(p, KernelFamily::kSm80Backward) : 0;
-  const bool sm90_pads_more = sm80_bucket != 0 && sm80_bucket < smallest_bucket(p, KernelFamily::kSm90Backward);
-  if (hopper && !sm90_pads_more && find_entry(p, Backend::kSm90, backward, &entry).ok() && entry->auto_dispatch) {
+  if (hopper && find_entry(p, Backend::kSm90, backward, &entry).ok() && entry->auto_dispatch) {
     *chosen = Backend::kSm90;
     return Status::Ok();
   }
