@@ -352,6 +352,35 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const int pbuf = Traits::kPBuffers == 1 ? 0 : buf;
 
       pipeline.consumer_wait(read);
+      // Softmax: P = exp2(score * scale_log2 - LSE_log2) in place in the S accumulator, masked on tiles not every
+      // row sees whole. Softcap maps the scores in place first: a select per element kept the raw and the capped
+      // tile live at once (spills with 128-row steps).
+      auto softmax_probs = [&](auto& tS) {
+        cute::Tensor s_rc = cute::make_tensor(tS.data(), acc_rowcol(tS.layout()));  // (rows, cols)
+        if (softcap) {
+          CUTE_UNROLL
+          for (int e = 0; e < size(tS); ++e) tS(e) = tanhf(tS(e) * kp.scale_over_cap);
+        }
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float lse2 = row_stat(lse2_lane, r);
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
+        }
+        if (!full_tile) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            detail::Range keys, unused;
+            detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
+            const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const int j = get<1>(c_rc(r, c));
+              if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
+            }
+          }
+        }
+      };
       if constexpr (Traits::kSplitCols) {
         // Warpgroup 0: S -> P (stored); warpgroup 1: dP, then dS from P read back; both: dV once P is stored.
         cute::Tensor tAcc = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
@@ -364,30 +393,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cute::Tensor acc_rc = cute::make_tensor(tAcc.data(), acc_rowcol(tAcc.layout()));  // (rows, cols)
         cute::Tensor rP = cute::make_tensor<Element>(tAcc.layout());                      // (MMA, MMA_M, MMA_N)
         if (wg == 0) {
-          // P as in the split-keys path below: softcap in place, exp2, the element mask on edge tiles.
-          if (softcap) {
-            CUTE_UNROLL
-            for (int e = 0; e < size(tAcc); ++e) tAcc(e) = tanhf(tAcc(e) * kp.scale_over_cap);
-          }
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const float lse2 = row_stat(lse2_lane, r);
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) acc_rc(r, c) = exp2f(acc_rc(r, c) * kp.scale_log2 - lse2);
-          }
-          if (!full_tile) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              detail::Range keys, unused;
-              detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
-              const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                const int j = get<1>(c_rc(r, c));
-                if (j < lo || j >= hi) acc_rc(r, c) = 0.0f;
-              }
-            }
-          }
+          softmax_probs(tAcc);
           convert_fragment(tAcc, rP);
           copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
         }
@@ -494,32 +500,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             }
           }
         } else {
-          // P = exp2(score * scale_log2 - LSE_log2), masked on tiles not every row sees whole. Softcap maps the
-          // scores in place first: a select per element kept the raw and the capped tile live at once (spills with
-          // 128-row steps).
-          if (softcap) {
-            CUTE_UNROLL
-            for (int e = 0; e < size(tSrS); ++e) tSrS(e) = tanhf(tSrS(e) * kp.scale_over_cap);
-          }
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const float lse2 = row_stat(lse2_lane, r);
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
-          }
-          if (!full_tile) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              detail::Range keys, unused;
-              detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
-              const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                const int j = get<1>(c_rc(r, c));
-                if (j < lo || j >= hi) s_rc(r, c) = 0.0f;
-              }
-            }
-          }
+          softmax_probs(tSrS);
           convert_fragment(tSrS, rP);
         }
         copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
