@@ -381,6 +381,30 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           }
         }
       };
+      // Softmax: dS = P (dP - D) in place in the dP accumulator, with P as rounded for dV (0 where masked);
+      // softcap: times 1 - t^2, t = tanh(...) recovered from P.
+      auto softmax_dscores = [&](auto& tdP, auto const& rP) {
+        cute::Tensor dp_rc = cute::make_tensor(tdP.data(), acc_rowcol(tdP.layout()));  // (rows, cols)
+        cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));    // (rows, cols)
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float dsum = row_stat(dsum_lane, r);
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) dp_rc(r, c) = static_cast<float>(p_rc(r, c)) * (dp_rc(r, c) - dsum);
+        }
+        if (softcap) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const float lse2 = row_stat(lse2_lane, r);
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const float prob = static_cast<float>(p_rc(r, c));
+              const float t = (log2f(prob) + lse2) / kp.scale_log2;
+              dp_rc(r, c) = prob > 0.0f ? dp_rc(r, c) * (1.0f - t * t) : 0.0f;
+            }
+          }
+        }
+      };
       if constexpr (Traits::kSplitCols) {
         // Warpgroup 0: S -> P (stored); warpgroup 1: dP, then dS from P read back; both: dV once P is stored.
         cute::Tensor tAcc = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
@@ -390,7 +414,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tAcc, true);
         }
         warpgroup_wait<0>();
-        cute::Tensor acc_rc = cute::make_tensor(tAcc.data(), acc_rowcol(tAcc.layout()));  // (rows, cols)
         cute::Tensor rP = cute::make_tensor<Element>(tAcc.layout());                      // (MMA, MMA_M, MMA_N)
         if (wg == 0) {
           softmax_probs(tAcc);
@@ -407,25 +430,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           cute::Tensor tLsP = thr_load_p.partition_S(sP);  // (CPY, CPY_M, CPY_N, kPBuffers)
           cute::Tensor tLrP = thr_load_p.retile_D(rP);     // (CPY, CPY_M, CPY_N)
           copy(smem_load_p, tLsP(_, _, _, pbuf), tLrP);
-          cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const float dsum = row_stat(dsum_lane, r);
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) acc_rc(r, c) = static_cast<float>(p_rc(r, c)) * (acc_rc(r, c) - dsum);
-          }
-          if (softcap) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              const float lse2 = row_stat(lse2_lane, r);
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                const float prob = static_cast<float>(p_rc(r, c));
-                const float t = (log2f(prob) + lse2) / kp.scale_log2;
-                acc_rc(r, c) = prob > 0.0f ? acc_rc(r, c) * (1.0f - t * t) : 0.0f;
-              }
-            }
-          }
+          softmax_dscores(tAcc, rP);
           cute::Tensor rdS = cute::make_tensor<Element>(tAcc.layout());  // (MMA, MMA_M, MMA_N)
           convert_fragment(tAcc, rdS);
           copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
@@ -538,26 +543,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             }
           }
         } else {
-          // dS = P (dP - D), with P as rounded for dV; softcap: times 1 - t^2, t = tanh(...) recovered from P.
-          cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));  // (rows, cols)
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const float dsum = row_stat(dsum_lane, r);
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) dp_rc(r, c) = static_cast<float>(p_rc(r, c)) * (dp_rc(r, c) - dsum);
-          }
-          if (softcap) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              const float lse2 = row_stat(lse2_lane, r);
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                const float prob = static_cast<float>(p_rc(r, c));
-                const float t = (log2f(prob) + lse2) / kp.scale_log2;
-                dp_rc(r, c) = prob > 0.0f ? dp_rc(r, c) * (1.0f - t * t) : 0.0f;
-              }
-            }
-          }
+          softmax_dscores(tdPrdP, rP);
         }
         cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
         convert_fragment(tdPrdP, rdS);
