@@ -254,23 +254,33 @@ struct ForwardMainloopSm90 {
     detail::Mask mask = w.mask;
     if constexpr (Traits::kLongRows) mask.left = -1;
     const int n_min = Traits::kLongRows ? 0 : w.n_min;
-    detail::fully_visible_blocks(mask, w.m0, m_end, kBlockN, &full_first, &full_second);
+    if constexpr (kHstu) {
+      detail::fully_visible_blocks(mask, w.m0, m_end, kBlockN, &full_first, &full_second);
+    } else {
+      full_first = detail::window_full_blocks(mask, w.m0, m_end, kBlockN);
+    }
     const int full_lo = int(full_first.begin), full_hi = int(full_first.end);
     const int full2_lo = int(full_second.begin), full2_hi = int(full_second.end);
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kMaskRows = decltype(size<0>(c_rc))::value;
     // A softmax row sees one span: its mask is a window (TileWork::plan), whose second span is always empty.
     constexpr int kSpans = kHstu ? 4 : 2;
+    // Softmax: the window's spans in 32 bits from the tile's first row (mask.h's WindowSpans).
     int spans[kMaskRows][kSpans];
+    const detail::WindowSpans window = kHstu ? detail::WindowSpans{} : detail::WindowSpans::of(mask, w.m0);
     CUTE_UNROLL
     for (int r = 0; r < kMaskRows; ++r) {
-      detail::Range first, second;
-      detail::visible_spans(mask, query_row(get<0>(c_rc(r, 0))), &first, &second);
-      spans[r][0] = int(first.begin);
-      spans[r][1] = int(first.end);
       if constexpr (kHstu) {
+        detail::Range first, second;
+        detail::visible_spans(mask, query_row(get<0>(c_rc(r, 0))), &first, &second);
+        spans[r][0] = int(first.begin);
+        spans[r][1] = int(first.end);
         spans[r][2] = int(second.begin);
         spans[r][3] = int(second.end);
+      } else {
+        const int t = int(query_row(get<0>(c_rc(r, 0))) - w.m0);
+        spans[r][0] = window.lo(t);
+        spans[r][1] = window.hi(t);
       }
     }
     // Sets the entries of block n no row sees to `masked`. Softmax compares each column's offset from the

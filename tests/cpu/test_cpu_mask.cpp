@@ -1,7 +1,8 @@
 // The shared mask policy (src/variants/mask.h) against the oracle's independent visibility rule: Mask::visible
 // agrees everywhere, key_range / row_range contain every visible pair, key_hole holds no visible pair, and
 // tile_fully_visible never answers true for a tile holding an invisible pair, fully_visible_blocks lists exactly
-// the blocks tile_fully_visible accepts. Random small sequences, every mask kind, many tile shapes.
+// the blocks tile_fully_visible accepts; for window-only masks window_full_blocks and WindowSpans agree with them.
+// Random small sequences, every mask kind, many tile shapes.
 #include <random>
 #include <string>
 #include <vector>
@@ -66,6 +67,9 @@ void check_policy(Kind kind, int trials) {
     const SequenceInfo s = SequenceInfo::of(p, 0);
     const Mask m = Mask::of(p, s, 0);
     const int64_t sq = s.sq, sk = s.sk;
+    // Softmax masks (windows only) also against the fast paths of the sm90 forward's tile setup.
+    const bool window_only = kind == Kind::kNone || kind == Kind::kCausal || kind == Kind::kWindow ||
+                             kind == Kind::kCausalWindow;
     std::vector<char> vis(sq * sk);
     for (int64_t i = -2; i < sq + 2; ++i)
       for (int64_t j = -2; j < sk + 2; ++j) {
@@ -78,6 +82,14 @@ void check_policy(Kind kind, int trials) {
         for (int64_t i0 = start; i0 < sq; i0 += bm) {
           const int64_t i1 = std::min(i0 + bm, sq);
           const Range keys = m.key_range(i0, i1);
+          if (window_only) {
+            const detail::WindowSpans spans = detail::WindowSpans::of(m, i0);
+            for (int64_t i = i0; i < i1; ++i)
+              for (int64_t j = 0; j < sk; ++j) {
+                const bool in_span = spans.lo(int(i - i0)) <= j && j < spans.hi(int(i - i0));
+                ASSERT_EQ(in_span, static_cast<bool>(vis[i * sk + j])) << "WindowSpans row " << i << " key " << j;
+              }
+          }
           for (int64_t i = i0; i < i1; ++i)
             for (int64_t j = 0; j < sk; ++j)
               if (vis[i * sk + j]) {
@@ -100,6 +112,12 @@ void check_policy(Kind kind, int trials) {
                   << "fully_visible_blocks(" << i0 << ", " << i1 << ", " << bn << ") = [" << full_first.begin
                   << ", " << full_first.end << ") + [" << full_second.begin << ", " << full_second.end
                   << ") at block " << k;
+              if (window_only) {
+                const Range fast = detail::window_full_blocks(m, i0, i1, bn);
+                ASSERT_EQ(fast.begin <= k && k < fast.end, listed)
+                    << "window_full_blocks(" << i0 << ", " << i1 << ", " << bn << ") = [" << fast.begin << ", "
+                    << fast.end << ") at block " << k;
+              }
             }
             const Range skipped = detail::blocks_inside(hole, bn);
             for (int64_t k = skipped.begin; k < skipped.end; ++k)
