@@ -4,7 +4,8 @@
 // consumer warpgroups recompute S = Q K^T and dP = dO V^T with wgmma, form P = exp2(S scale_log2 - LSE_log2)
 // and dS = P (dP - D) (softcap: times its derivative; the element mask on edge tiles only), store P and dS to
 // shared memory, and issue dV += P^T dO (as soon as P is stored: it runs while dS is formed), then dQ = dS K
-// and dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by a TMA reduce-add.
+// and dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by a TMA reduce-add, which a
+// writer warp per consumer warpgroup (warps 1 and 2) issues and waits for, off the consumers' path.
 // d 256 (Traits::kSplitCols): 64-key blocks; warpgroup 0 computes S and P, warpgroup 1 dP and, with P read back
 // from shared memory, dS; the warpgroups own column halves of dK and dV for all 64 keys (dV starts once P is
 // stored), and dQ goes to the workspace by fp32 vector reductions from the registers.
@@ -160,6 +161,38 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int batch = p.varlen ? 0 : bi;
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if constexpr (!Traits::kdQAtomic) {
+      if (warp_idx == 1 || warp_idx == 2) {
+        // dQ writer of consumer warpgroup w: for every step the consumers visit, hand the staging columns over
+        // (free), wait until they hold the step's dQ, add them into the workspace and wait until TMA has read
+        // them. As many hand-overs as the consumers wait for, so no barrier is left half met.
+        const int w = warp_idx - 1;
+        const auto empty = static_cast<uint32_t>(w == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1);
+        const auto full = static_cast<uint32_t>(w == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1);
+        cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
+        cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
+        const bool writer = cute::elect_one_sync();
+        for (int step = 0; step < steps; ++step) {
+          const int head = kv_head * kp.heads_per_kv + step / m_count;
+          const int m = m_begin + step % m_count;
+          if (!block_visible(step_mask(), m)) continue;
+          cutlass::arch::NamedBarrier::arrive(Traits::kdQWriterThreads, empty);
+          cutlass::arch::NamedBarrier::sync(Traits::kdQWriterThreads, full);
+          if (writer) {
+            const detail::SequenceInfo sinfo = step_seq();
+            const int row0 = int(p.varlen ? sinfo.q_start : int64_t(bi) * p.seqlen_q) + m * kBlockM;
+            cute::Tensor gdQ = local_tile(domain_offset(make_coord(row0, _0{}), mdQ(_, _, head)),
+                                          Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
+            auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+            copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
+            tma_store_arrive();
+            tma_store_wait<0>();
+          }
+          __syncwarp();
+        }
+        return;
+      }
+    }
     if (warp_idx != 0) return;
     cute::Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);    // (rows_q, d, h, b)
     cute::Tensor mdO = kp.tma_do.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
@@ -548,9 +581,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
         convert_fragment(tdPrdP, rdS);
         copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
-        // The dQ staging tile is free again once the previous step's reduce-add has read it; the barrier tells
-        // the warpgroup.
-        if (tid % 128 == 0) tma_store_wait<0>();
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
       }
@@ -592,11 +622,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       } else {
         // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact
         // zeros (P and K are zero there), so the whole tile is added.
+        // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
+        // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
+        // They are written once the writer warp hands them over (its previous reduce-add has read them), and
+        // handed back to it for this step's reduce-add.
         cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
+        const int t = consumer_thread_index<true>();
+        cutlass::arch::NamedBarrier::sync(
+            Traits::kdQWriterThreads,
+            static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
         {
-          // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
-          // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
-          const int t = consumer_thread_index<true>();
           typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
           cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
           // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
@@ -608,25 +643,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           }
         }
         tma_store_fence();
-        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(wg_barrier));
-        if (tid % 128 == 0) {
-          const int w = consumer_thread_index<true>() / 128;  // read again: kept from before the loop, it spilled
-          cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
-          cute::Tensor gdQ = local_tile(domain_offset(make_coord(dq_row_base + int(m0), _0{}), mdQ(_, _, head)),
-                                        Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
-          auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
-          copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
-          tma_store_arrive();
-        }
+        cutlass::arch::NamedBarrier::arrive(
+            Traits::kdQWriterThreads,
+            static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
       }
       warpgroup_wait<0>();
-      // The stage's dS buffer takes the next rab tile: the dRab store (the older of this thread's two bulk
-      // groups) must have read it first.
-      if (drab_store && tid == 0) tma_store_wait<1>();
+      // The stage's dS buffer takes the next rab tile: the dRab store must have read it first.
+      if (drab_store && tid == 0) tma_store_wait<0>();
       pipeline.consumer_release(read);
       ++read;
     }
-    if (tid % 128 == 0) tma_store_wait<0>();  // the last reduce-add (and dRab store) has read shared memory
 
     // dK (softmax: times the scale) and dV in the input dtype; column pairs as one store. The sequence read
     // again from the parameters: kept across the step loop, it spilled with 128-row steps.

@@ -9,7 +9,8 @@
 // the other warpgroup's reads (dQ) of the step before; at d <= 128 P is read only by the warpgroup that wrote it
 // (dV of its own keys), so one buffer serves where shared memory is short; at d 256 both warpgroups read all of
 // P, which is double-buffered like dS; warpgroup 1 reads P back (ldmatrix) to form dS. dQ leaves through an fp32
-// staging tile and a TMA reduce-add, at d 256 by fp32 vector reductions straight from the registers (no room for
+// staging tile (per warpgroup: the consumers write it, a writer warp of the producer warpgroup issues the
+// reduce-add, waits until it has read the tile and hands it back), at d 256 by fp32 vector reductions straight from the registers (no room for
 // a staging tile).
 // HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
 // writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
@@ -34,9 +35,13 @@ using namespace cute;
 // The named barriers of the backward kernel (ids above CUTLASS's reserved ones, like FwdBarrier's).
 enum class BwdBarrier : uint32_t {
   kPdSWritten = 0,   // both consumer warpgroups: this step's P and dS tiles are in shared memory
-  kWarpGroup0 = 1,   // consumer warpgroup 0 alone: its P columns, then its dQ columns, are in shared memory
+  kWarpGroup0 = 1,   // consumer warpgroup 0 alone: its P columns are in shared memory
   kWarpGroup1 = 2,   // the same for warpgroup 1
   kPWritten = 3,     // both consumer warpgroups (d 256): this step's P tile is in shared memory
+  kdQEmpty0 = 4,     // dQ writer warp 0 (arrive) -> consumer warpgroup 0 (sync): its dQ staging columns are free
+  kdQEmpty1 = 5,     // the same for warpgroup 1
+  kdQFull0 = 6,      // consumer warpgroup 0 (arrive) -> dQ writer warp 0 (sync): its dQ columns are written
+  kdQFull1 = 7,      // the same for warpgroup 1
 };
 
 // The fp32 dQ staging tile of the kernels that reduce dQ by TMA; the d 256 kernel has none.
@@ -79,7 +84,10 @@ struct BackwardTraitsSm90 {
   static_assert(!kSplitCols || kPBuffers == 2, "P read by both warpgroups needs two buffers");
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
-  static constexpr int kNumThreads = kNumMmaThreads + 128;  // warpgroup 0: one TMA producer warp
+  // Warpgroup 0: the TMA producer warp and (dQ through the staging tile) one dQ writer warp per consumer
+  // warpgroup, which issues the reduce-add of that warpgroup's dQ columns and frees them again.
+  static constexpr int kNumThreads = kNumMmaThreads + 128;
+  static constexpr int kdQWriterThreads = 128 + 32;  // a consumer warpgroup and its dQ writer warp
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
 
