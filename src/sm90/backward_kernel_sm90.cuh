@@ -311,10 +311,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const bool softcap = p.softcap > 0.0f;
     const int dq_row_base = int(p.varlen ? seq.q_start : int64_t(bi) * p.seqlen_q);
 
-    // LSE (log2 units; +inf where a row sees no key or lies past the sequence, so its P is 0) and D of the rows
-    // of step `step`, read one step ahead while the step before runs. One row per lane, not kRows per thread
-    // (128-row steps are short of registers): lane l holds row index (l / 8) % kRows of thread 4 (l % 8) of its
-    // warp, so index r of a thread lies in lane 8 r + lane / 4 (the four threads of a quad share their rows).
+    // LSE (natural log as stored; -inf where a row sees no key or lies past the sequence, so its P is 0) and D of
+    // the rows of step `step`, read one step ahead while the step before runs and first used (lse2_of_row) by
+    // that step: scaling the load at once stalled the consumers for its latency, 7% of their time (ncu). One
+    // row per lane, not kRows per thread (128-row steps are short of registers): lane l holds row index
+    // (l / 8) % kRows of thread 4 (l % 8) of its warp, so index r of a thread lies in lane 8 r + lane / 4 (the
+    // four threads of a quad share their rows).
     auto stat_row = [&](int t) {
       const int l = t % 32;
       const int t_sdp = Traits::kSplitCols ? t % 128 : t;
@@ -327,9 +329,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
       return row;
     };
-    float lse2_lane, dsum_lane;
+    float lse_lane, dsum_lane;
     auto load_row_stats = [&](int step) {
-      lse2_lane = INFINITY;
+      lse_lane = -INFINITY;
       dsum_lane = 0.0f;
       if (step >= steps) return;
       const int head = kv_head * kp.heads_per_kv + step / m_count;
@@ -337,12 +339,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const int64_t i = int64_t(m_begin + step % m_count) * kBlockM + stat_row(consumer_thread_index<true>());
       if (i < seq.sq) {
         const int64_t idx = seq.lse_index(p, bi, head, i);
-        const float lse = p.lse[idx];
-        lse2_lane = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        lse_lane = p.lse[idx];
         dsum_lane = kp.dsum[idx];
       }
     };
     auto row_stat = [tid](float x, int r) { return __shfl_sync(0xffffffffu, x, 8 * r + tid % 32 / 4); };
+    // LSE of row index r of the thread in log2 units, +inf where the row's P is 0.
+    auto lse2_of_row = [&](int r) {
+      const float lse = row_stat(lse_lane, r);
+      return lse == -INFINITY ? INFINITY : lse * kLog2e;
+    };
     if constexpr (!Traits::kHstu) load_row_stats(0);
 
     const HstuPointwise hstu(p);
@@ -396,7 +402,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          const float lse2 = row_stat(lse2_lane, r);
+          const float lse2 = lse2_of_row(r);
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
         }
@@ -428,7 +434,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         if (softcap) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {
-            const float lse2 = row_stat(lse2_lane, r);
+            const float lse2 = lse2_of_row(r);
             CUTE_UNROLL
             for (int c = 0; c < kCols; ++c) {
               const float prob = static_cast<float>(p_rc(r, c));
