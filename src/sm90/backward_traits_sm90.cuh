@@ -10,8 +10,8 @@
 // (dV of its own keys), so one buffer serves where shared memory is short; at d 256 both warpgroups read all of
 // P, which is double-buffered like dS; warpgroup 1 reads P back (ldmatrix) to form dS. dQ leaves through an fp32
 // staging tile (per warpgroup: the consumers write it, a writer warp of the producer warpgroup issues the
-// reduce-add, waits until it has read the tile and hands it back), at d 256 by fp32 vector reductions straight from the registers (no room for
-// a staging tile).
+// reduce-add, waits until it has read the tile and hands it back), at d 256 by fp32 vector reductions straight
+// from the registers (no room for a staging tile).
 // HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
 // writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
 // buffer by a TMA store once dS is in it.
