@@ -1,8 +1,10 @@
 // GPU tests of the sm80 backward kernels (softmax and HSTU with dRab): dQ/dK/dV/dRab against the float64 CPU
-// oracle under the FlashAttention tolerance rule, every output element written, every head-dim bucket, and the
-// deterministic mode bit for bit (3 runs in several tests, 1000 runs in Deterministic1000Runs).
+// oracle under the FlashAttention tolerance rule, every output element written, every head-dim bucket, jagged
+// batches of many short sequences, and the deterministic mode bit for bit (3 runs in several tests, 1000 runs in
+// Deterministic1000Runs).
 // The forward outputs the backward consumes (O, LSE) come from the CPU tiled backend unless a test says
 // otherwise, so a failure here points at the backward kernels.
+#include <cstdint>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -76,6 +78,23 @@ TEST(Sm80Backward, SoftmaxVarlenWithEmptySequences) {
   check_backward(cfg);
   cfg.heads_k = 1;
   check_backward(cfg);
+}
+
+// Many short sequences, lengths 1 .. kBlockM + 1 (kBlockM = 128 at d = 64, 64 at d = 128 and for HSTU): the dQ
+// workspace gives each sequence whole query-block tiles starting at its own block, so every block boundary and
+// every partial last block of a jagged batch is exercised.
+TEST(Sm80Backward, VarlenShortSequences) {
+  auto lengths = [](int32_t n) {
+    std::vector<int32_t> l(n);
+    for (int32_t i = 0; i < n; ++i) l[i] = i + 1;
+    return l;
+  };
+  check_backward(softmax_varlen(DType::kBFloat16, lengths(129), {}, 2, 1, 64));
+  CaseConfig cfg = softmax_varlen(DType::kFloat16, lengths(65), {}, 2, 2, 128);
+  cfg.causal = true;
+  check_backward(cfg);
+  check_backward(cfg, /*deterministic=*/true, /*repeats=*/2);
+  check_backward(hstu_varlen(DType::kBFloat16, lengths(65), 2, 64, true, 1.0f / 64));
 }
 
 TEST(Sm80Backward, SoftmaxDeterministic) {
