@@ -1,12 +1,16 @@
 // The small kernels around the sm80 backward main loop: D = rowsum(dO * O) before it (softmax), zero-filling
 // dRab or the visible part of its fp32 head-sum accumulator before it (HSTU), and after it the fp32 -> dtype
-// conversions of dQ (summing the deterministic partials in a fixed order) and of the head-summed dRab.
+// conversions of dQ (from the sm80 kernel's thread-ordered tiles, summing the deterministic partials in a fixed
+// order; or from the sm90 backward's row-major accumulator) and of the head-summed dRab.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
+#include <cute/tensor.hpp>
+
 #include "core/params.h"
+#include "sm80/backward_utils_sm80.cuh"
 #include "sm80/utils_sm80.cuh"
 #include "variants/mask.h"
 #include "variants/sequence.h"
@@ -69,11 +73,87 @@ __global__ void dot_do_o_kernel(const __grid_constant__ Params p, float* dsum) {
   }
 }
 
-// dq[g, h, c] = scale * sum over splits of dq_accum[split, g, h, c], in split order. A thread converts 4
-// consecutive columns of one (row, head).
+// dQ of query block blockIdx.x, head blockIdx.y, batch entry blockIdx.z from the sm80 backward's workspace
+// (DqTiles): scale * the sum of the nsplit partials, in split order. Each thread reads the fragment elements
+// the main kernel's thread of the same index reduced (coalesced), and places them by the dQ MMA's partition in
+// a shared-memory tile (rows padded by 16 bytes against bank conflicts), which goes out in 16-byte row pieces.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads) convert_dq_tiles_kernel(const __grid_constant__ Params p,
+                                                                             const float* dq_accum,
+                                                                             int64_t split_stride, int nsplit,
+                                                                             float scale) {
+  using Element = typename Traits::Element;
+  using Layout = DqTiles<Traits>;
+  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim;
+  constexpr int kDqCols = kHeadDim / Traits::kDqChunks;
+  constexpr int kVec = 16 / int(sizeof(Element));
+  constexpr int kLd = kHeadDim + kVec;  // shared-memory row stride in elements
+  __shared__ alignas(16) Element tile[kBlockM * kLd];
+
+  const int64_t bi = blockIdx.z, h = blockIdx.y;
+  const int m = blockIdx.x, tid = threadIdx.x;
+  const SequenceInfo seq = SequenceInfo::of(p, bi);
+  const int rows = int(cute::min(seq.sq - int64_t(m) * kBlockM, int64_t(kBlockM)));
+  if (rows <= 0) return;
+  const int64_t row0 = p.varlen ? seq.q_start : bi * p.seqlen_q;
+  const float* src = dq_accum + (Layout::first_tile(p, bi, row0) + int64_t(m) * p.heads + h) * Layout::kTileElems +
+                     tid * kDqRedVec;
+
+  typename Traits::TiledMmadQ tiled_mma_dq;
+  auto cdQ = cute::make_identity_tensor(cute::Shape<cute::Int<kBlockM>, cute::Int<kDqCols>>{});
+  auto tdQcdQ = tiled_mma_dq.get_thread_slice(tid).partition_C(cdQ);  // (MMA, MMA_M, MMA_D) -> (row, col)
+  CUTE_UNROLL
+  for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
+    float v[Layout::kPerThread];
+    CUTE_UNROLL
+    for (int g = 0; g < Layout::kPerThread / kDqRedVec; ++g) {
+      const float* at = src + chunk * Layout::kChunkElems + g * Traits::kNThreads * kDqRedVec;
+      CUTE_UNROLL
+      for (int i = 0; i < kDqRedVec; ++i) v[g * kDqRedVec + i] = 0.0f;
+      for (int s = 0; s < nsplit; ++s) {
+        float part[kDqRedVec];
+        if constexpr (kDqRedVec == 4) {
+          *reinterpret_cast<float4*>(part) = *reinterpret_cast<const float4*>(at + s * split_stride);
+        } else {
+          part[0] = at[s * split_stride];
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < kDqRedVec; ++i) v[g * kDqRedVec + i] += part[i];
+      }
+    }
+    // Fragment elements 2k and 2k + 1 are columns c and c + 1 of one row.
+    using Pair = cute::uint_bit_t<2 * cute::sizeof_bits_v<Element>>;
+    CUTE_UNROLL
+    for (int e = 0; e < Layout::kPerThread; e += 2) {
+      const int r = cute::get<0>(tdQcdQ(e)), c = chunk * kDqCols + cute::get<1>(tdQcdQ(e));
+      Element pair[2] = {static_cast<Element>(v[e] * scale), static_cast<Element>(v[e + 1] * scale)};
+      *reinterpret_cast<Pair*>(&tile[r * kLd + c]) = *reinterpret_cast<const Pair*>(pair);
+    }
+  }
+  __syncthreads();
+
+  Element* dst = static_cast<Element*>(p.dq.ptr) + seq.q_offset(p.dq, bi, int64_t(m) * kBlockM, h);
+  const int d = int(p.head_dim);
+  const bool vectors = reinterpret_cast<uintptr_t>(p.dq.ptr) % 16 == 0 && p.dq.row_stride % kVec == 0 &&
+                       p.dq.head_stride % kVec == 0 && p.dq.batch_stride % kVec == 0;
+  constexpr int kPieces = kHeadDim / kVec;  // 16-byte pieces per row
+  for (int i = tid; i < kBlockM * kPieces; i += Traits::kNThreads) {
+    const int r = i / kPieces, c = i % kPieces * kVec;
+    if (r >= rows || c >= d) continue;  // d is a multiple of kVec
+    Element* out = dst + r * p.dq.row_stride + c;
+    if (vectors) {
+      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(&tile[r * kLd + c]);
+    } else {
+      for (int k = 0; k < kVec; ++k) out[k] = tile[r * kLd + c + k];
+    }
+  }
+}
+
+// The sm90 backward's row-major accumulator (total_q, heads, kHeadDim): dq[g, h, c] = scale * the sum over
+// splits of dq_accum[split, g, h, c], in split order. A thread converts 4 consecutive columns of one (row, head).
 template <class Element, int kHeadDim>
-__global__ void convert_dq_kernel(const __grid_constant__ Params p, const float* dq_accum, int64_t split_stride,
-                                  int nsplit, float scale) {
+__global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const float* dq_accum,
+                                       int64_t split_stride, int nsplit, float scale) {
   constexpr int kVec = 4;
   constexpr int kThreadsPerRow = kHeadDim / kVec;
   if (threadIdx.x >= blockDim.x / kThreadsPerRow * kThreadsPerRow) return;

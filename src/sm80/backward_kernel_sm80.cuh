@@ -24,7 +24,7 @@ using cute::Tensor;
 
 struct BwdKernelArgs {
   Params p;
-  float* dq_accum;          // (nsplit, total_q rows, heads, kHeadDim) fp32, zeroed
+  float* dq_accum;          // fp32 dQ partials in the thread order of DqTiles, one copy per split; zeroed
   int64_t dq_split_stride;  // elements between the dQ partials of two splits
   const float* dsum;        // softmax: rowsum(dO * O), indexed like LSE
   float* drab_accum;        // HSTU, one rab head shared by several heads: (b, max_sk, drab_ld) fp32 partial sums
@@ -44,7 +44,8 @@ struct CtaScalars {
   SequenceInfo seq;
   Mask mask;
 };
-// The same for the query head being walked: its row 0 in q, dout, LSE, D and this split's dQ accumulator.
+// The same for the query head being walked: its row 0 in q, dout, LSE, D, and its query block 0's tile in this
+// split's dQ accumulator.
 template <class Element>
 struct HeadBases {
   const Element* q;
@@ -170,34 +171,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   auto smem_tiled_copy_dq_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_dq);
   auto smem_tiled_copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dq);
   Tensor cdQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{});  // (kBlockM, kDqCols)
-  // A thread's dQ rows: two (r, r + 8) per MMA_M step of 16 * kAtomMdQ rows, numbered by slot.
-  constexpr int kDqMStep = 16 * Traits::kAtomMdQ;
-  constexpr int kDqRowSlots = 2 * decltype(size<1>(thr_mma_dq.partition_C(cdQ)))::value;
-  auto dq_row_delta = [](int slot) { return slot / 2 * kDqMStep + slot % 2 * 8; };
-  auto dq_row_slot = [](int delta) { return delta / kDqMStep * 2 + delta % kDqMStep / 8; };
-
-  // Column tests of the dQ atomics, one bit per accumulator column pair, computed once: the compiler otherwise
-  // keeps every column index live across the loops (and spills them). The empty asm hides how the mask was
-  // built, so the tests are not folded back into per-column comparisons.
-  constexpr int kDqPairs = decltype(size(thr_mma_dq.partition_C(cdQ)))::value / 2;
-  static_assert(Traits::kDqChunks * kDqPairs <= 32, "the column mask holds 32 pairs");
-  uint32_t dq_col_ok = 0;
-  {
-    Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(loop_tid()).partition_C(cdQ);  // (MMA, MMA_M, MMA_D)
-    CUTE_UNROLL
-    for (int chunk = 0; chunk < Traits::kDqChunks; ++chunk) {
-      CUTE_UNROLL
-      for (int e = 0; e < 2 * kDqPairs; e += 2) {
-        if (chunk * kDqCols + get<1>(tdQcdQ(e)) < d) dq_col_ok |= 1u << (chunk * kDqPairs + e / 2);
-      }
-    }
-  }
-  asm("" : "+r"(dq_col_ok));
+  // dQ reductions: groups of kDqRedVec fragment elements, each one instruction (DqTiles gives their order).
+  using DqLayout = DqTiles<Traits>;
+  static_assert(decltype(size(thr_mma_dq.partition_C(cdQ)))::value == DqLayout::kPerThread);
+  constexpr int kDqGroups = DqLayout::kPerThread / kDqRedVec;
+  const int64_t dq_block_stride = p.heads * int64_t(DqLayout::kTileElems);  // between two query blocks' tiles
 
   const SoftcapScore softmax_score{p.scale, p.softcap};
   const HstuScore hstu_score{p.alpha, p.inv_scaling_seqlen};
   const float scale_log2 = p.scale * kLog2e;
-  const int64_t dq_row_stride = p.heads * int64_t(kHeadDim);
   const bool drab_direct = kHstu && p.drab != nullptr && args.drab_accum == nullptr;
   // dRab summed over heads by one CTA that walks every head of its key block (else atomics into a zeroed
   // drab_accum): the first head stores its fp32 dS, later ones add to it, the last writes dRab itself.
@@ -307,7 +289,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq),
               kHstu ? nullptr : p.lse + lse_row0, kHstu ? nullptr : args.dsum + lse_row0,
               args.dq_accum + (deterministic ? split_x : 0) * args.dq_split_stride +
-                  ((p.varlen ? seq.q_start : bi * p.seqlen_q) * p.heads + hq) * int64_t(kHeadDim)};
+                  (DqLayout::first_tile(p, bi, p.varlen ? seq.q_start : bi * p.seqlen_q) + hq) * DqLayout::kTileElems};
         }
         __syncthreads();
         if (m < m_end) load_q_do(m, 0);
@@ -578,11 +560,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           __syncthreads();  // sP and sdS are complete
 
           // dV += P^T dO, then dQ += dS K and dK += dS^T Q (dK before dQ where Traits::kDkAfterDq is off: the
-          // reordering costs spills there). dQ is accumulated in fp32 in the workspace, one column
-          // chunk at a time. This thread's rows are dq_r0 + dq_row_delta(slot); each reduction address is a row
-          // pointer plus a compile-time column delta. The empty asm keeps the row pointers from being recomputed
-          // (64-bit multiply) at every reduction. A block wholly inside sq and d reduces without per-element tests
-          // (and without the branches around each of them).
+          // reordering costs spills there). dQ is accumulated in fp32 in the workspace, one column chunk at a
+          // time, into this query block's whole tile (DqTiles): each reduction address is this thread's pointer
+          // plus a compile-time delta, with no row or column tests.
           gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, sPt, sdOt, smem_tiled_copy_dkv_a, smem_tiled_copy_dkv_b,
                   loop_tid());
           auto gemm_dk = [&](auto const& hook) {
@@ -594,36 +574,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             }
           };
           if constexpr (!Traits::kDkAfterDq) gemm_dk(NoHook{});
-          Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(loop_tid()).partition_C(cdQ);  // (MMA, MMA_M, MMA_D)
-          const int dq_r0 = get<0>(tdQcdQ(0)), dq_c0 = get<1>(tdQcdQ(0));
-          float* dq_row[kDqRowSlots];
-          bool dq_row_ok[kDqRowSlots];
-          dq_row[0] = head->dq + (m0 + dq_r0) * dq_row_stride + dq_c0;
-          CUTE_UNROLL
-          for (int slot = 0; slot < kDqRowSlots; ++slot) {
-            if (slot > 0) {
-              dq_row[slot] = dq_row[0] + dq_row_delta(slot) * dq_row_stride;
-              asm("" : "+l"(dq_row[slot]));
-            }
-            dq_row_ok[slot] = m0 + dq_r0 + dq_row_delta(slot) < sq;
-          }
-          const bool dq_block_in = m0 + kBlockM <= sq && d == kHeadDim;
-          // Reductions of the column pairs [e_begin, e_end) / 2 of chunk `chunk`. Accumulator elements 2k and
-          // 2k + 1 are columns c and c + 1 of one row (c even, d a multiple of 8).
-          auto reduce_dq = [&](auto const& acc_dq, int chunk, int e_begin, int e_end) {
-            auto add_pair = [&](int e) {
-              const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0), c = chunk * kDqCols + get<1>(tdQcdQ(e));
-              red_add_f32x2(dq_row[slot] + (c - dq_c0), acc_dq(e), acc_dq(e + 1));
-            };
-            if (dq_block_in) {
-              CUTE_UNROLL
-              for (int e = e_begin; e < e_end; e += 2) add_pair(e);
-            } else {
-              CUTE_UNROLL
-              for (int e = e_begin; e < e_end; e += 2) {
-                const int slot = dq_row_slot(get<0>(tdQcdQ(e)) - dq_r0);
-                if (dq_row_ok[slot] && (dq_col_ok >> (chunk * kDqPairs + e / 2) & 1u)) add_pair(e);
-              }
+          float* dq_thr = head->dq + m * dq_block_stride + loop_tid() * kDqRedVec;
+          // Reductions of the element groups [g_begin, g_end) of chunk `chunk`. The loop runs over all groups and
+          // tests the range, so every fragment index is a constant (looping over [g_begin, g_end) put acc_dq in
+          // local memory on sm_80). A visited block never starts past sq: that test is there as a branch, which
+          // ends ptxas's scheduling region; without it ptxas hoists the dK GEMM's next ldmatrix loads above the
+          // reductions (sm_90a spill stores: softmax d256 32 bytes, HSTU d128 8).
+          auto reduce_dq = [&](auto const& acc_dq, int chunk, int g_begin, int g_end) {
+            if (m0 >= sq) return;
+            CUTE_UNROLL
+            for (int g = 0; g < kDqGroups; ++g) {
+              if (g < g_begin || g >= g_end) continue;
+              red_add_dq(dq_thr + chunk * DqLayout::kChunkElems + g * Traits::kNThreads * kDqRedVec, acc_dq,
+                         g * kDqRedVec);
             }
           };
           CUTE_UNROLL
@@ -637,14 +600,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               // The last chunk's reductions go out during the dK GEMM, kDqRedSteps k-slices of it taking a share
               // each: issued all at once they stall its first ldmatrix, which reuses their source registers.
               constexpr int kSteps = Traits::kDqRedSteps > 0 ? Traits::kDqRedSteps : 1;
-              constexpr int kPerStep = (kDqPairs + kSteps - 1) / kSteps;
+              constexpr int kPerStep = (kDqGroups + kSteps - 1) / kSteps;
               gemm_dk([&](int k) {
-                if (k < kSteps) {
-                  reduce_dq(acc_dq, chunk, 2 * kPerStep * k, cute::min(2 * kPerStep * (k + 1), 2 * kDqPairs));
-                }
+                if (k < kSteps) reduce_dq(acc_dq, chunk, kPerStep * k, cute::min(kPerStep * (k + 1), kDqGroups));
               });
             } else {
-              reduce_dq(acc_dq, chunk, 0, 2 * kDqPairs);
+              reduce_dq(acc_dq, chunk, 0, kDqGroups);
             }
           }
           if constexpr (Traits::kDkAfterDq && Traits::kDqRedSteps == 0) gemm_dk(NoHook{});

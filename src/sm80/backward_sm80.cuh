@@ -2,7 +2,8 @@
 // instance serves, the workspace it needs, and the launch sequence
 //   [D = rowsum(dO * O) | dRab zero-fill | zeroing the visible part of the dRab accumulator] -> main dK/dV/dQ
 //   kernel -> dQ (and atomically head-summed dRab) conversion.
-// Workspace: fp32 dQ accumulators (one copy per split in deterministic mode), D (softmax), and for HSTU with one
+// Workspace: fp32 dQ accumulators (one copy per split in deterministic mode, each whole kBlockM x kHeadDim
+// tiles in the dQ MMA's thread order: sm80_bwd::DqTiles), D (softmax), and for HSTU with one
 // rab head shared by several query heads an fp32 (b, max_sk, max_sk rounded to even) dRab accumulator: in
 // deterministic mode partial head sums that one CTA per key block carries from head to head (its last head writes
 // dRab), else the target of atomics from every head, converted by a pass after the main kernel.
@@ -44,6 +45,7 @@ struct Sm80Backward {
   using TraitsSm80 = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu>;
   using TraitsLarge = sm80_bwd::BwdTraits<kDType, kHeadDim, kHstu, 227 * 1024>;
   static constexpr bool kLargeDiffers = TraitsLarge::kStages != TraitsSm80::kStages;
+  static_assert(TraitsLarge::kBlockM == TraitsSm80::kBlockM && TraitsLarge::kDqChunks == TraitsSm80::kDqChunks);
 
   static int block_n() {
     if constexpr (kCompiled) {
@@ -75,7 +77,7 @@ struct Sm80Backward {
       pl.nsplit = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(pl.n_blocks, 32)));
     }
     const int nsplit_dq = p.deterministic ? pl.nsplit : 1;
-    pl.dq_split_elems = size_t(p.total_q) * size_t(p.heads) * kHeadDim;
+    pl.dq_split_elems = size_t(sm80_bwd::DqTiles<TraitsSm80>::split_elems(p));  // TraitsLarge: the same tiles
     size_t off = 0;
     pl.dq_offset = off;
     off = align_up(off + size_t(nsplit_dq) * pl.dq_split_elems * sizeof(float));
@@ -187,16 +189,25 @@ struct Sm80Backward {
       }
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
 
-      if (pl.n_blocks > 0 && p.batch > 0) {
-        const unsigned head_groups = unsigned(p.heads / pl.heads_per_cta);
-        const dim3 grid = pl.heads_inner ? dim3(pl.nsplit * head_groups, unsigned(p.batch), 1)
-                                         : dim3(pl.nsplit, unsigned(p.batch), head_groups);
-        auto run = [&](auto traits) {
-          using T = decltype(traits);
+      // The main kernel, then dQ read back with its dQ MMA partition (zeros where no key block ran).
+      auto run = [&](auto traits) {
+        using T = decltype(traits);
+        if (pl.n_blocks > 0) {
+          const unsigned head_groups = unsigned(p.heads / pl.heads_per_cta);
+          const dim3 grid = pl.heads_inner ? dim3(pl.nsplit * head_groups, unsigned(p.batch), 1)
+                                           : dim3(pl.nsplit, unsigned(p.batch), head_groups);
           auto kernel = sm80_bwd::bwd_kernel<T, kHstu>;
           err = opt_in_shared_memory<T>(kernel, T::kSmemBytes, p.device_index);
           if (err == cudaSuccess) kernel<<<grid, T::kNThreads, T::kSmemBytes, stream>>>(args);
-        };
+        }
+        if (err == cudaSuccess && p.total_q > 0) {
+          const dim3 convert_grid(unsigned((p.seqlen_q + T::kBlockM - 1) / T::kBlockM), unsigned(p.heads),
+                                  unsigned(p.batch));
+          sm80_bwd::convert_dq_tiles_kernel<T><<<convert_grid, T::kNThreads, 0, stream>>>(
+              p, args.dq_accum, args.dq_split_stride, nsplit_dq, kHstu ? 1.0f : p.scale);
+        }
+      };
+      if (p.batch > 0) {
         if constexpr (kLargeDiffers) {
           if (DeviceProperties::of(p.device_index).smem_optin >= TraitsLarge::kSmemBytes) {
             run(TraitsLarge{});
@@ -209,11 +220,6 @@ struct Sm80Backward {
         if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
       }
 
-      if (p.total_q > 0) {
-        sm80_bwd::convert_dq_kernel<Element, kHeadDim>
-            <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
-                p, args.dq_accum, args.dq_split_stride, nsplit_dq, kHstu ? 1.0f : p.scale);
-      }
       if (drab_atomic && drab_rows) {
         sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, args.drab_accum, pl.drab_ld);
       }

@@ -1,14 +1,18 @@
 // Small CuTe building blocks of the sm80 backward kernel: shared-memory-operand GEMM with ldmatrix
 // double-buffering over k, predicated global -> shared tile loads, the (row, col) view of an MMA accumulator, the
-// fp32 column-pair reduction into global memory, and the (optionally opaque) thread index addresses come from.
+// fp32 reductions into global memory, the thread-ordered layout of the dQ workspace (DqTiles), and the (optionally
+// opaque) thread index addresses come from.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "core/host_device.h"
+#include "core/params.h"
 #include "sm80/utils_sm80.cuh"
 
 namespace cuteattn::detail::sm80_bwd {
@@ -122,7 +126,7 @@ __device__ __forceinline__ void cp_async_4b(const void* src, void* dst, bool pre
 
 // dst[0] += a and dst[1] += b in global memory, fire-and-forget: one vector reduction on sm90 (dst 8-byte
 // aligned), two scalar ones before. Spelled in PTX: atomicAdd on a pointer whose origin the compiler cannot see
-// (the kernel hides its dQ row pointers) becomes a generic-address ATOM with a shared-memory fallback loop.
+// (the kernels hide their row pointers) becomes a generic-address ATOM with a shared-memory fallback loop.
 __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
@@ -131,6 +135,49 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
   asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(dst + 1), "f"(b) : "memory");
 #endif
 }
+
+// Floats one dQ reduction adds: a red.v4 on sm90 (16-byte aligned), a scalar red before. Device code only: the
+// dQ workspace's element order (DqTiles) depends on it, so the main kernel and convert_dq_tiles_kernel, compiled
+// for the same arch, agree on it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kDqRedVec = 4;
+#else
+constexpr int kDqRedVec = 1;
+#endif
+
+// dst[i] += frag(first + i) for i < kDqRedVec, fire-and-forget (PTX for the reason given at red_add_f32x2). The
+// fragment goes by reference and index, not by element pointer: a pointer into it moves it to local memory.
+template <class Fragment>
+__device__ __forceinline__ void red_add_dq(float* dst, Fragment const& frag, int first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(frag(first)),
+               "f"(frag(first + 1)), "f"(frag(first + 2)), "f"(frag(first + 3))
+               : "memory");
+#else
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(dst), "f"(frag(first)) : "memory");
+#endif
+}
+
+// The fp32 dQ workspace of the sm80 backward (one copy per split in deterministic mode), in the order the dQ
+// MMA's threads own it, so that one warp's reduction covers whole 128-byte lines: one kBlockM x kHeadDim tile per
+// (query block, head), tile index (block, head) row-major. The query blocks of batch entry b are numbered from
+// row0 / kBlockM + b (row0: its first global row), so every sequence starts a fresh block: (total_q / kBlockM +
+// batch) blocks in all. Inside a tile, column chunk c's element e of thread t's dQ fragment lies at
+// c * kChunkElems + (e / kDqRedVec) * kNThreads * kDqRedVec + t * kDqRedVec + e % kDqRedVec. Rows past the
+// sequence and columns past d land in tile elements that are never read.
+template <class Traits>
+struct DqTiles {
+  static constexpr int kTileElems = Traits::kBlockM * Traits::kHeadDim;
+  static constexpr int kChunkElems = kTileElems / Traits::kDqChunks;
+  static constexpr int kPerThread = kChunkElems / Traits::kNThreads;  // fragment elements per chunk and thread
+
+  // Elements of one split's workspace.
+  static int64_t split_elems(const Params& p) { return (p.total_q / Traits::kBlockM + p.batch) * p.heads * kTileElems; }
+  // Tile index of query block 0 of batch entry bi, head 0 (row0: the entry's first global row).
+  CUTEATTN_HD static int64_t first_tile(const Params& p, int64_t bi, int64_t row0) {
+    return (row0 / Traits::kBlockM + bi) * p.heads;
+  }
+};
 
 // Conversion of a whole register fragment (fp32 accumulators to the MMA input type), two elements per
 // instruction; to tf32 with cvt.rna, the rounding the fp32 inputs get.

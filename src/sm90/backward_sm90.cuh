@@ -226,9 +226,9 @@ struct Sm90Backward {
     }
 
     if (p.total_q > 0) {
-      sm80_bwd::convert_dq_kernel<Element, kHeadDim><<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads,
-                                                        0, stream>>>(p, dq_accum, int64_t(pl.dq_elems), 1,
-                                                                     kHstu ? 1.0f : p.scale);
+      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim>
+          <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
+              p, dq_accum, int64_t(pl.dq_elems), 1, kHstu ? 1.0f : p.scale);
     }
     if (drab_rows && pl.drab_accum) {
       sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, drab_accum, pl.drab_ld);

@@ -80,9 +80,9 @@ TEST(Sm80Backward, SoftmaxVarlenWithEmptySequences) {
   check_backward(cfg);
 }
 
-// Many short sequences, lengths 1 .. kBlockM + 1 (kBlockM = 128 at d = 64, 64 at d = 128 and for HSTU): query
-// blocks that end inside their sequence, at its end and past it, next to each other in one jagged batch (the
-// dQ accumulation and its conversion, the deterministic partials).
+// Many short sequences, lengths 1 .. kBlockM + 1 (kBlockM = 128 at d = 64, 64 at d = 128 and for HSTU): the dQ
+// workspace gives each sequence whole query-block tiles starting at its own block, so every block boundary and
+// every partial last block of a jagged batch is exercised.
 TEST(Sm80Backward, VarlenShortSequences) {
   auto lengths = [](int32_t n) {
     std::vector<int32_t> l(n);
