@@ -407,11 +407,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
         }
         if (!full_tile) {
+          // A softmax mask is a window: the rows' key spans in 32 bits from the tile's first row (64-bit row
+          // positions, hoisted out of the step loop, spilled at fp16 d 64).
+          const detail::WindowSpans window = detail::WindowSpans::of(mask, m0);
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {
-            detail::Range keys, unused;
-            detail::visible_spans(mask, m0 + get<0>(c_rc(r, 0)), &keys, &unused);
-            const int lo = int(detail::max64(keys.begin - n0, 0)), hi = int(detail::min64(keys.end - n0, kBlockN));
+            const int t = get<0>(c_rc(r, 0));
+            const int lo = cute::max(window.lo(t) - int(n0), 0), hi = cute::min(window.hi(t) - int(n0), kBlockN);
             CUTE_UNROLL
             for (int c = 0; c < kCols; ++c) {
               const int j = get<1>(c_rc(r, c));
