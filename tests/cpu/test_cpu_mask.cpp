@@ -67,7 +67,8 @@ void check_policy(Kind kind, int trials) {
     const SequenceInfo s = SequenceInfo::of(p, 0);
     const Mask m = Mask::of(p, s, 0);
     const int64_t sq = s.sq, sk = s.sk;
-    // Softmax masks (windows only) also against the fast paths of the sm90 forward's tile setup.
+    // Softmax masks (windows only) also against the 32-bit fast paths of the sm90 kernels (forward tile setup,
+    // backward edge tiles).
     const bool window_only = kind == Kind::kNone || kind == Kind::kCausal || kind == Kind::kWindow ||
                              kind == Kind::kCausalWindow;
     std::vector<char> vis(sq * sk);
