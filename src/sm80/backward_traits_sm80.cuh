@@ -175,6 +175,11 @@ struct BwdTraits {
   using SmemCopyAtomTransposed =
       std::conditional_t<kFp32, Copy_Atom<UniversalCopy<uint32_t>, ElementMma>, Copy_Atom<SM75_U16x8_LDSM_T, Element>>;
   using SmemCopyAtomPdS = Copy_Atom<DefaultCopy, Element>;
+  // P (or HSTU's dprob) back from shared memory into the dP accumulator layout: 16-bit tiles by ldmatrix, four
+  // 8 x 8 matrices per instruction (element-wise 16/32-bit loads kept the shared-memory pipe 3x as busy as FA2's
+  // on an H100, ncu: 27M LDS next to 75M LDSM at d64 s2k); fp32 element-wise.
+  using SmemLoadAtomPdS =
+      std::conditional_t<kFp32, Copy_Atom<DefaultCopy, Element>, Copy_Atom<SM75_U32x4_LDSM_N, Element>>;
 };
 
 }  // namespace cuteattn::detail::sm80_bwd
