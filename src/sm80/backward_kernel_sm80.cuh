@@ -618,26 +618,61 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       cp_async_wait<0>();  // a key block no query block sees still has its K/V loads in flight
 
-      // dK (times the softmax scale) and dV in the input dtype; consecutive column pairs as one store.
-      using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
       const float dk_scale = kHstu ? 1.0f : p.scale;
-      // As for dQ: this thread's first element plus compile-time deltas. The coordinates come from an opaque
-      // index, so that none of them (nor the column tests) is computed before the loops and kept across them.
-      Tensor tdKVcdKV = tiled_mma_dkv.get_thread_slice(thread_index<true>()).partition_C(cK);  // (MMA, MMA_N, MMA_D)
-      const int kv_r0 = get<0>(tdKVcdKV(0)), kv_c0 = get<1>(tdKVcdKV(0));
-      Element* dk_thr = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0 + kv_r0, hk) + kv_c0;
-      Element* dv_thr = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0 + kv_r0, hk) + kv_c0;
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_dk); e += 2) {
-        const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
-        if (n0 + r >= sk) continue;
-        if (c < d) {
-          Element pair[2] = {static_cast<Element>(acc_dk(e) * dk_scale), static_cast<Element>(acc_dk(e + 1) * dk_scale)};
-          *reinterpret_cast<Pair*>(dk_thr + (r - kv_r0) * p.dk.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
-        }
-        if (c < dv) {
-          Element pair[2] = {static_cast<Element>(acc_dv(e)), static_cast<Element>(acc_dv(e + 1))};
-          *reinterpret_cast<Pair*>(dv_thr + (r - kv_r0) * p.dv.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
+      if constexpr (Traits::kSmemEpilogue) {
+        // dK (times the softmax scale) and dV in the input dtype through shared memory (see the traits), from a
+        // fresh opaque thread index (nothing of it is kept across the loops).
+        const int epi_tid = thread_index<true>();
+        Tensor rdK = make_tensor<Element>(acc_dk.layout());  // (MMA, MMA_N, MMA_D)
+        CUTE_UNROLL
+        for (int e = 0; e < size(acc_dk); ++e) rdK(e) = static_cast<Element>(acc_dk(e) * dk_scale);
+        Tensor rdV = convert_fragment<Element>(acc_dv);  // (MMA, MMA_N, MMA_D)
+        Tensor sdK = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutKV{});                   // (kBlockN, kHeadDim)
+        Tensor sdV = make_tensor(make_smem_ptr(smem_q + Traits::kSizeKV), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+        auto smem_tiled_copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomdKV{}, tiled_mma_dkv);
+        auto smem_thr_copy_dkv = smem_tiled_copy_dkv.get_thread_slice(epi_tid);
+        __syncthreads();  // every warp is done reading sQ / sdO
+        copy(smem_tiled_copy_dkv, smem_thr_copy_dkv.retile_S(rdK), smem_thr_copy_dkv.partition_D(sdK));
+        copy(smem_tiled_copy_dkv, smem_thr_copy_dkv.retile_S(rdV), smem_thr_copy_dkv.partition_D(sdV));
+        __syncthreads();
+        typename Traits::GmemTiledCopyStore gmem_tiled_copy_store;
+        auto gmem_thr_copy_store = gmem_tiled_copy_store.get_thread_slice(epi_tid);
+        Tensor tKVcKV = gmem_thr_copy_store.partition_D(cK);  // (CPY, CPY_N, CPY_D)
+        auto store = [&](auto const& sX, RowMajorView const& view, int cols) {
+          Tensor gX = make_tensor(make_gmem_ptr(static_cast<Element*>(view.ptr) + seq.k_offset(view, bi, n0, hk)),
+                                  Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(view.row_stride, _1{}));  // (kBlockN, kHeadDim)
+          Tensor tXgX = gmem_thr_copy_store.partition_D(gX);      // (CPY, CPY_N, CPY_D)
+          Tensor tXrX = make_tensor<Element>(shape(tXgX));         // (CPY, CPY_N, CPY_D)
+          copy(gmem_tiled_copy_store, gmem_thr_copy_store.partition_S(sX), tXrX);
+          Tensor tXp = make_tensor<bool>(make_shape(size<2>(tXgX)));  // (CPY_D): column chunk inside the head dim
+          CUTE_UNROLL
+          for (int k = 0; k < size(tXp); ++k) tXp(k) = get<1>(tKVcKV(0, 0, k)) < cols;
+          sm80::copy_tile_store_predicated(gmem_tiled_copy_store, tXrX, tXgX, tKVcKV, tXp, sk - n0);
+        };
+        store(sdK, p.dk, d);
+        store(sdV, p.dv, dv);
+      } else {
+        // fp32: dK (times the softmax scale) and dV straight from the accumulators, consecutive column pairs as one
+        // store.
+        using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
+        // As for dQ: this thread's first element plus compile-time deltas. The coordinates come from an opaque
+        // index, so that none of them (nor the column tests) is computed before the loops and kept across them.
+        Tensor tdKVcdKV = tiled_mma_dkv.get_thread_slice(thread_index<true>()).partition_C(cK);  // (MMA, MMA_N, MMA_D)
+        const int kv_r0 = get<0>(tdKVcdKV(0)), kv_c0 = get<1>(tdKVcdKV(0));
+        Element* dk_thr = static_cast<Element*>(p.dk.ptr) + seq.k_offset(p.dk, bi, n0 + kv_r0, hk) + kv_c0;
+        Element* dv_thr = static_cast<Element*>(p.dv.ptr) + seq.k_offset(p.dv, bi, n0 + kv_r0, hk) + kv_c0;
+        CUTE_UNROLL
+        for (int e = 0; e < size(acc_dk); e += 2) {
+          const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
+          if (n0 + r >= sk) continue;
+          if (c < d) {
+            Element pair[2] = {static_cast<Element>(acc_dk(e) * dk_scale), static_cast<Element>(acc_dk(e + 1) * dk_scale)};
+            *reinterpret_cast<Pair*>(dk_thr + (r - kv_r0) * p.dk.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
+          }
+          if (c < dv) {
+            Element pair[2] = {static_cast<Element>(acc_dv(e)), static_cast<Element>(acc_dv(e + 1))};
+            *reinterpret_cast<Pair*>(dv_thr + (r - kv_r0) * p.dv.row_stride + (c - kv_c0)) = *reinterpret_cast<Pair*>(pair);
+          }
         }
       }
     }

@@ -166,6 +166,14 @@ struct BwdTraits {
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
   using GmemTiledCopy = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
                                                  GmemLayoutAtom{}, Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
+  // The dK / dV epilogue of 16-bit tiles: the accumulators go as column pairs into two swizzled (kBlockN, kHeadDim)
+  // tiles in the Q/dO stage buffers (free once the last query block is done), then to global memory in 16-byte row
+  // pieces (column pairs stored straight from the accumulators wrote 4 bytes of a 32-byte sector each). fp32 keeps
+  // the direct stores.
+  static constexpr bool kSmemEpilogue = !kFp32 && kBlockN <= kStages * kBlockM;
+  using GmemTiledCopyStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
+                                                      GmemLayoutAtom{}, Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
+  using SmemCopyAtomdKV = Copy_Atom<UniversalCopy<uint_bit_t<2 * sizeof_bits_v<Element>>>, Element>;
 
   // K-major operands: ldmatrix (also for tf32: one tf32 is a pair of b16). Transposed operands: ldmatrix.trans,
   // or for tf32 one 32-bit load per element.
