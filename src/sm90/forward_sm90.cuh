@@ -108,9 +108,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
   pipeline_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
   pipeline_params.is_leader = threadIdx.x == 0;
-  pipeline_params.num_consumers = kNumMmaThreads;
+  // K and V slots are released once per consumer warp (ForwardMainloopSm90::release_slot), rab slots by every
+  // consumer thread (their shared-memory reads are the threads' own loads).
+  pipeline_params.num_consumers = kNumMmaThreads / 32;
   PipelineKV pipeline_k(ss.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   PipelineKV pipeline_v(ss.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  pipeline_params.num_consumers = kNumMmaThreads;
   pipeline_params.transaction_bytes = Traits::kTmaBytesRab;
   PipelineKV pipeline_rab(ss.pipeline_rab, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();

@@ -44,6 +44,12 @@ CUTE_DEVICE void warpgroup_gemm(TiledMma& tiled_mma, TensorA const& tCrA, Tensor
   if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
 }
 
+// The ring slot (or Q slot) `slot` as a warp-uniform value: redux.sync writes a uniform register, so ptxas derives
+// the wgmma descriptors of the slot (start address + k offset) in the uniform datapath. From the per-thread slot
+// it built each 64-bit descriptor in regular registers and moved both halves over (R2UR) for every wgmma, 4
+// instructions per k slice of K or V; now 2 to 3 (bf16 SASS, key-block loop: d 64 468 -> 461, d 128 527 -> 516).
+CUTE_DEVICE int uniform_slot(int slot) { return __reduce_max_sync(0xffffffffu, slot); }
+
 // Score transform before masking: plain scores stay raw (scaled inside exp2); with softcap
 // S = softcap * tanh(scale * qk / softcap), then used with scale_log2 = log2(e).
 struct ScoreTransform {
@@ -85,6 +91,14 @@ struct ForwardMainloopSm90 {
     }
     CUTE_DEVICE void advance() { ++at; }
   };
+
+  // Releases a K or V slot after this warp's wgmmas that read it have completed (warpgroup_wait): one lane
+  // arrives on the CTA-local empty barrier, which counts consumer warps (forward_sm90.cuh). The pipeline's
+  // consumer_release has every consumer thread arrive through the cluster-address form: 32 times the arrivals
+  // and an address conversion per block and ring.
+  CUTE_DEVICE static void release_slot(typename PipelineKV::SharedStorage& ring, ReadPosition const& read) {
+    if (cute::elect_one_sync()) ring.empty_barrier_[read.state().index()].arrive();
+  }
 
   // Global coordinate tensors of one tile: Q (kBlockM, kHeadDim) and K/V (kBlockN, kHeadDim, n_blocks).
   // Rows are offset to the sequence start; TMA zero-fills past the tensor's end, varlen rows past the
@@ -224,8 +238,9 @@ struct ForwardMainloopSm90 {
     typename Traits::TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(tid);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tid);
-    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>),
-                                       typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+    cute::Tensor sQ = cute::make_tensor(
+        make_smem_ptr(ss.q.data() + uniform_slot(q_slot) * cosize_v<typename Traits::SmemLayoutQ>),
+        typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
     cute::Tensor sVt = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
     cute::Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
@@ -337,7 +352,8 @@ struct ForwardMainloopSm90 {
       auto issue = [&](bool zero_init) {
         pipeline_k.consumer_wait(read_k.state());
         sched.wait_turn();
-        warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.state().index()), tSrS, zero_init);
+        warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, uniform_slot(read_k.state().index())), tSrS,
+                              zero_init);
       };
       if constexpr (kHstu) {
         if (has_rab) {
@@ -370,7 +386,7 @@ struct ForwardMainloopSm90 {
     issue_qk(tSrS);
     sched.pass_turn();
     warpgroup_wait<0>();
-    pipeline_k.consumer_release(read_k.state());
+    release_slot(ss.pipeline_k, read_k);
     read_k.advance();
     score_block(tSrS, w.n_max - 1);
     cute::Tensor tOrP = cute::make_tensor<Element>(acc_as_a_operand(tSrS.layout()));  // (MMA, MMA_M, MMA_K)
@@ -381,15 +397,15 @@ struct ForwardMainloopSm90 {
       cute::Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));  // (MMA, MMA_M, MMA_N)
       issue_qk(tSrS_next);
       pipeline_v.consumer_wait(read_v.state());
-      warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.state().index()), tOrO, first_pv);
+      warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, uniform_slot(read_v.state().index())), tOrO, first_pv);
       sched.pass_turn();
       first_pv = false;
       warpgroup_wait<1>();  // S of block n is ready; P V of the block before it still runs
-      pipeline_k.consumer_release(read_k.state());
+      release_slot(ss.pipeline_k, read_k);
       read_k.advance();
       score_block(tSrS_next, n);
       warpgroup_wait<0>();
-      pipeline_v.consumer_release(read_v.state());
+      release_slot(ss.pipeline_v, read_v);
       read_v.advance();
       if constexpr (!kHstu) {
         cute::Tensor o_rc = cute::make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));  // (rows, cols)
@@ -401,9 +417,9 @@ struct ForwardMainloopSm90 {
     // Every Q K^T of the tile has completed: the producer may load another tile's Q into its slot.
     barrier_arrive(Traits::kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
     pipeline_v.consumer_wait(read_v.state());
-    warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.state().index()), tOrO, first_pv);
+    warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, uniform_slot(read_v.state().index())), tOrO, first_pv);
     warpgroup_wait<0>();
-    pipeline_v.consumer_release(read_v.state());
+    release_slot(ss.pipeline_v, read_v);
     read_v.advance();
   }
 };
