@@ -395,9 +395,11 @@ struct ForwardMainloopSm90 {
 
     for (int n = w.next_block(w.n_max - 1); n >= n_min; n = w.next_block(n)) {
       cute::Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));  // (MMA, MMA_M, MMA_N)
+      // V's uniform slot before the S GEMM: derived between the V wait and the P V wgmma, it delayed that wgmma.
+      const int v_slot = uniform_slot(read_v.state().index());
       issue_qk(tSrS_next);
       pipeline_v.consumer_wait(read_v.state());
-      warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, uniform_slot(read_v.state().index())), tOrO, first_pv);
+      warpgroup_gemm<true>(tiled_mma_pv, tOrP, tOrV(_, _, _, v_slot), tOrO, first_pv);
       sched.pass_turn();
       first_pv = false;
       warpgroup_wait<1>();  // S of block n is ready; P V of the block before it still runs
