@@ -297,7 +297,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     constexpr int kCols = decltype(size<1>(c_rc))::value;
     using Visibility = std::conditional_t<(kRows * kCols > 32), uint64_t, uint32_t>;
     cute::Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, kHeadDim)
-    cute::Tensor tdKVcdKV = thr_mma_dkv.partition_C(cKV);                            // (MMA, MMA_M, MMA_N)
 
     const int wg = tid / 128;
     const BwdBarrier wg_barrier = wg == 0 ? BwdBarrier::kWarpGroup0 : BwdBarrier::kWarpGroup1;
@@ -662,22 +661,51 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       ++read;
     }
 
-    // dK (softmax: times the scale) and dV in the input dtype; column pairs as one store. The sequence read
-    // again from the parameters: kept across the step loop, it spilled with 128-row steps.
+    // dK (softmax: times the scale) and dV in the input dtype, through shared memory: stmatrix into two swizzled
+    // (kBlockN, kHeadDim) tiles in the Q and dO stage buffers (every step has consumed them), then 16-byte row pieces
+    // to global memory (column pairs stored straight from the accumulators wrote 4 bytes of a 32-byte sector each).
+    // The sequence read again from the parameters: kept across the step loop, it spilled with 128-row steps.
     const float dk_scale = Traits::kHstu ? 1.0f : p.scale;
-    using Pair = uint_bit_t<2 * sizeof_bits_v<Element>>;
-    const detail::SequenceInfo kseq = detail::SequenceInfo::of(p, bi);
-    Element* dk_block = static_cast<Element*>(p.dk.ptr) + kseq.k_offset(p.dk, bi, n0, kv_head);
-    Element* dv_block = static_cast<Element*>(p.dv.ptr) + kseq.k_offset(p.dv, bi, n0, kv_head);
-    CUTE_UNROLL
-    for (int e = 0; e < size(tdKrdK); e += 2) {
-      const int r = get<0>(tdKVcdKV(e)), c = get<1>(tdKVcdKV(e));
-      if (n0 + r >= kseq.sk || c >= d) continue;
-      Element dk_pair[2] = {static_cast<Element>(tdKrdK(e) * dk_scale), static_cast<Element>(tdKrdK(e + 1) * dk_scale)};
-      Element dv_pair[2] = {static_cast<Element>(tdVrdV(e)), static_cast<Element>(tdVrdV(e + 1))};
-      *reinterpret_cast<Pair*>(dk_block + r * p.dk.row_stride + c) = *reinterpret_cast<Pair const*>(dk_pair);
-      *reinterpret_cast<Pair*>(dv_block + r * p.dv.row_stride + c) = *reinterpret_cast<Pair const*>(dv_pair);
+    {
+      cute::Tensor rdK = cute::make_tensor<Element>(tdKrdK.layout());  // (MMA, MMA_M, MMA_N)
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdKrdK); ++e) rdK(e) = static_cast<Element>(tdKrdK(e) * dk_scale);
+      cute::Tensor rdV = cute::make_tensor<Element>(tdVrdV.layout());  // (MMA, MMA_M, MMA_N)
+      convert_fragment(tdVrdV, rdV);
+      static_assert(cosize_v<typename Traits::SmemLayoutdKV> <= cosize_v<typename Traits::SmemLayoutQ>,
+                    "a dK / dV tile fits a Q / dO ring");
+      cute::Tensor sdK = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutdKV{});     // (kBlockN, kHeadDim)
+      cute::Tensor sdV = cute::make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdKV{});  // (kBlockN, kHeadDim)
+      typename Traits::SmemCopydKV smem_copy_dkv;
+      auto thr_copy_dkv = smem_copy_dkv.get_thread_slice(tid);
+      copy(smem_copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sdK));
+      copy(smem_copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sdV));
     }
+    cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
+    const detail::SequenceInfo kseq = detail::SequenceInfo::of(p, bi);
+    const int t = consumer_thread_index<true>();
+    typename Traits::GmemCopydKV gmem_copy_dkv;
+    auto thr_store = gmem_copy_dkv.get_thread_slice(t);
+    cute::Tensor tKVcKV = thr_store.partition_D(cKV);  // (CPY, CPY_N, CPY_D)
+    const int rows = int(detail::min64(kseq.sk - n0, kBlockN));
+    auto store = [&](Element* smem, detail::RowMajorView const& view, int cols) {
+      cute::Tensor sX = cute::make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutdKV{});  // (kBlockN, kHeadDim)
+      Element* block = static_cast<Element*>(view.ptr) + kseq.k_offset(view, bi, n0, kv_head);
+      cute::Tensor gX = cute::make_tensor(make_gmem_ptr(block), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                          make_stride(view.row_stride, _1{}));  // (kBlockN, kHeadDim)
+      cute::Tensor tXsX = thr_store.partition_S(sX);  // (CPY, CPY_N, CPY_D)
+      cute::Tensor tXgX = thr_store.partition_D(gX);  // (CPY, CPY_N, CPY_D)
+      CUTE_UNROLL
+      for (int r = 0; r < size<1>(tXgX); ++r) {
+        if (get<0>(tKVcKV(0, r, 0)) >= rows) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < size<2>(tXgX); ++c) {
+          if (get<1>(tKVcKV(0, r, c)) < cols) copy(gmem_copy_dkv, tXsX(_, r, c), tXgX(_, r, c));
+        }
+      }
+    };
+    store(ss.q.data(), p.dk, d);
+    store(ss.dout.data(), p.dv, int(p.head_dim_v));
   }
 #else
   __trap();  // built for an architecture without wgmma/TMA: never launched (supports() needs sm_90a)

@@ -139,6 +139,16 @@ struct BackwardTraitsSm90 {
   // d 256: P back from shared memory into warpgroup 1's dP fragment layout (ldmatrix, the mirror of stmatrix).
   using SmemLoadP = decltype(make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, TiledMmaSdP{}));
 
+  // The dK / dV epilogue: each accumulator as 16-bit values by stmatrix into a (kBlockN, kHeadDim) tile laid out
+  // like K (in a Q / dO ring, free by then), then to global memory by all consumer threads in 16-byte row pieces.
+  using SmemLayoutdKV = SmemLayoutK;
+  using SmemCopydKV = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmadKV{}));
+  static constexpr int kdKVChunksPerRow = kHeadDim * int(sizeof(Element)) / 16;
+  using GmemCopydKV = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
+      Layout<Shape<Int<kNumMmaThreads / kdKVChunksPerRow>, Int<kdKVChunksPerRow>>, Stride<Int<kdKVChunksPerRow>, _1>>{},
+      Layout<Shape<_1, Int<16 / int(sizeof(Element))>>>{}));
+
   // The dQ staging tile: (rows, columns of a warpgroup, warpgroup), 128-byte swizzled fp32 (conflict-free
   // enough for the accumulator's column pairs); TMA adds each warpgroup's part into the fp32 dQ workspace.
   static constexpr int kdQCols = kHeadDim / kNumMmaWarpGroups;
