@@ -678,6 +678,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       cute::Tensor sdV = cute::make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdKV{});  // (kBlockN, kHeadDim)
       typename Traits::SmemCopydKV smem_copy_dkv;
       auto thr_copy_dkv = smem_copy_dkv.get_thread_slice(tid);
+      // Both warpgroups' last dK / dV wgmmas read all of Q^T and dO^T: none may still run when the tiles go there.
+      cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
       copy(smem_copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sdK));
       copy(smem_copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sdV));
     }
