@@ -145,11 +145,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     copy(smem_tiled_copy_pds, thr.retile_S(frag), thr.partition_D(sX));
   };
   auto smem_tiled_load_pds = make_tiled_copy_C(typename Traits::SmemLoadAtomPdS{}, tiled_mma_sdp);
-  // ldmatrix hands each lane values other lanes of its warp stored (store_pds): the warp synchronises first.
+  // ldmatrix hands each lane values other lanes of its warp stored (store_pds): the warp synchronises first, and
+  // again after, since HSTU's dS then overwrites the dprob values other lanes read.
   auto load_pds = [&](auto const& sX, auto& frag) {
     __syncwarp();
     auto thr = smem_tiled_load_pds.get_thread_slice(loop_tid());
     copy(smem_tiled_load_pds, thr.partition_S(sX), thr.retile_D(frag));
+    __syncwarp();
   };
 
   // dV += P^T dO and dK += dS^T Q.
