@@ -648,10 +648,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           Tensor tXgX = gmem_thr_copy_store.partition_D(gX);      // (CPY, CPY_N, CPY_D)
           Tensor tXrX = make_tensor<Element>(shape(tXgX));         // (CPY, CPY_N, CPY_D)
           copy(gmem_tiled_copy_store, gmem_thr_copy_store.partition_S(sX), tXrX);
-          Tensor tXp = make_tensor<bool>(make_shape(size<2>(tXgX)));  // (CPY_D): column chunk inside the head dim
-          CUTE_UNROLL
-          for (int k = 0; k < size(tXp); ++k) tXp(k) = get<1>(tKVcKV(0, 0, k)) < cols;
-          sm80::copy_tile_store_predicated(gmem_tiled_copy_store, tXrX, tXgX, tKVcKV, tXp, sk - n0);
+          sm80::copy_tile_store_predicated(gmem_tiled_copy_store, tXrX, tXgX, tKVcKV, sk - n0, cols);
         };
         store(sdK, p.dk, d);
         store(sdV, p.dv, dv);

@@ -62,10 +62,7 @@ CUTE_DEVICE void store_empty_block(const Params& p, TO& gO, int rows, int64_t ls
   clear(tOrO);
   Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});  // (kBlockM, kHeadDim)
   Tensor tOcO = gmem_thr_copy_O.partition_D(cO);  // (CPY, CPY_M, CPY_K)
-  Tensor tOpO = make_tensor<bool>(make_shape(size<2>(tOgO)));  // (CPY_K)
-  CUTE_UNROLL
-  for (int k = 0; k < size(tOpO); ++k) tOpO(k) = get<1>(tOcO(0, 0, k)) < p.head_dim_v;
-  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, tOpO, rows);
+  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, rows, int(p.head_dim_v));
   if (p.lse != nullptr) {
     for (int r = tid; r < rows; r += Traits::kNThreads) {
       p.lse[seq.lse_index(p, bi, head, lse_base_row + r)] = -INFINITY;
@@ -422,10 +419,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (CPY, CPY_M, CPY_K)
   cute::copy(gmem_tiled_copy_O, tOsO, tOrO);
   Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (CPY, CPY_M, CPY_K)
-  Tensor tOpO = make_tensor<bool>(make_shape(size<2>(tOgO)));  // (CPY_K): column chunk inside d_v
-  CUTE_UNROLL
-  for (int k = 0; k < size(tOpO); ++k) tOpO(k) = get<1>(tOcO(0, 0, k)) < p.head_dim_v;
-  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, tOpO, rows_q);
+  copy_tile_store_predicated(gmem_tiled_copy_O, tOrO, tOgO, tOcO, rows_q, int(p.head_dim_v));
 }
 
 }  // namespace cuteattn::sm80

@@ -122,16 +122,18 @@ CUTE_DEVICE void copy_tile_predicated(TiledCopy const& tiled_copy, TS const& src
   }
 }
 
-// Shared -> global (or any) copy with the same predicates; out-of-range elements are left untouched.
-template <class TiledCopy, class TS, class TD, class TC, class TP>
-CUTE_DEVICE void copy_tile_store_predicated(TiledCopy const& tiled_copy, TS const& src, TD& dst,
-                                            TC const& identity, TP const& col_ok, int max_rows) {
+// Register/shared -> global copy of a partitioned tile (shape (CPY, CPY_ROW, CPY_COL)) that writes only rows below
+// `max_rows` and column chunks below `max_cols` (`identity`: the same partition of an identity tensor); the
+// elements outside are left untouched.
+template <class TiledCopy, class TS, class TD, class TC>
+CUTE_DEVICE void copy_tile_store_predicated(TiledCopy const& tiled_copy, TS const& src, TD& dst, TC const& identity,
+                                            int max_rows, int max_cols) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
     if (get<0>(identity(0, m, 0)) < max_rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(src); ++k) {
-        if (col_ok(k)) cute::copy(tiled_copy, src(_, m, k), dst(_, m, k));
+        if (get<1>(identity(0, 0, k)) < max_cols) cute::copy(tiled_copy, src(_, m, k), dst(_, m, k));
       }
     }
   }
