@@ -47,10 +47,21 @@ struct ForwardEpilogueSm90 {
     store(kp, ss, w, tid, tOrO);
     if (p.lse == nullptr || tid % 4 != 0) return;
     cute::Tensor tOcO_rc = row_col_coords(tid);  // (rows, cols)
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
-      if (rh.row < w.seq.sq) p.lse[w.seq.lse_index(p, w.coord.batch, rh.head, rh.row)] = lse[r];
+    if constexpr (Traits::kPackGqa) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
+        if (rh.row < w.seq.sq) p.lse[w.seq.lse_index(p, w.coord.batch, rh.head, rh.row)] = lse[r];
+      }
+    } else {
+      // A head's LSE rows are contiguous: one 64-bit index for the tile, 32-bit row offsets from it.
+      float* lse_tile = p.lse + w.seq.lse_index(p, w.coord.batch, w.coord.head, w.m0);
+      const int rows = rows_in_sequence(w);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int i = get<0>(tOcO_rc(r, 0));
+        if (i < rows) lse_tile[i] = lse[r];
+      }
     }
   }
 
@@ -152,11 +163,21 @@ struct ForwardEpilogueSm90 {
     cute::Tensor tOrOut_rc = cute::make_tensor(tOrOut.data(), acc_rowcol(tOrOut.layout()));  // (rows, cols)
     const int batch = w.coord.batch;
     Element* o = static_cast<Element*>(p.o.ptr);
+    // Unpacked, the tile's rows are one head's: one 64-bit offset for the tile, rows from it.
+    Element* o_tile = Traits::kPackGqa ? o : o + w.seq.q_offset(p.o, batch, w.m0, w.coord.head);
+    const int rows = rows_in_sequence(w);
     CUTE_UNROLL
     for (int r = 0; r < size<0>(tOrOut_rc); ++r) {
-      const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
-      if (rh.row >= w.seq.sq) continue;
-      Element* o_row = o + w.seq.q_offset(p.o, batch, rh.row, rh.head);
+      Element* o_row;
+      if constexpr (Traits::kPackGqa) {
+        const RowHead rh = row_head(kp, w, 0, get<0>(tOcO_rc(r, 0)));
+        if (rh.row >= w.seq.sq) continue;
+        o_row = o + w.seq.q_offset(p.o, batch, rh.row, rh.head);
+      } else {
+        const int i = get<0>(tOcO_rc(r, 0));
+        if (i >= rows) continue;
+        o_row = o_tile + int64_t(i) * p.o.row_stride;
+      }
       // Column pairs (c, c + 1) sit in consecutive values of one row.
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrOut_rc); c += 2) {
@@ -205,6 +226,11 @@ struct ForwardEpilogueSm90 {
     } else {
       return {w.m0 + first + i, w.coord.head};
     }
+  }
+
+  // The tile's rows inside its sequence (unpacked tiles: from m0), capped at kBlockM; 32 bits.
+  CUTE_DEVICE static int rows_in_sequence(TileWork const& w) {
+    return w.seq.sq - w.m0 < kBlockM ? int(w.seq.sq - w.m0) : kBlockM;
   }
 
   // Tile coordinates (row, column) of this thread's O accumulator values, as (rows, cols).

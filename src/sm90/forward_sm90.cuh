@@ -53,6 +53,8 @@ struct ForwardKernelParams {
   TileScheduler scheduler;
   int* tile_counter;  // dynamic scheduling (masks or jagged lengths make tile costs vary); null = static
   int heads_per_kv;   // h / h_k
+  // Softmax: the window of params as detail::Window32 bounds (unbounded where it reaches past every key).
+  int window_left, window_right;
   ScoreTransform score;
   typename Traits::TmaRab tma_rab;       // HSTU with rab only
   typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
@@ -70,12 +72,12 @@ CUTE_DEVICE TileWork plan_tile(ForwardKernelParams<Traits> const& kp, int tile) 
   if constexpr (Traits::kSplitKv) {
     const int base = tile / kp.num_splits;
     TileWork w = TileWork::plan<Traits::kBlockM, Traits::kBlockN, false, Traits::kPackGqa>(
-        kp.params, kp.scheduler.decode(base), kp.heads_per_kv);
+        kp.params, kp.scheduler.decode(base), kp.heads_per_kv, kp.window_left, kp.window_right);
     w.keep_split<Traits::kBlockN>(tile - base * kp.num_splits, kp.num_splits);
     return w;
   } else {
     return TileWork::plan<Traits::kBlockM, Traits::kBlockN, Traits::kHstu, Traits::kPackGqa>(
-        kp.params, kp.scheduler.decode(tile), kp.heads_per_kv);
+        kp.params, kp.scheduler.decode(tile), kp.heads_per_kv, kp.window_left, kp.window_right);
   }
 }
 
@@ -463,6 +465,8 @@ struct Sm90Forward {
         {},
         nullptr,
         int(p.heads / p.heads_k),
+        detail::Window32::bound(p.window_left, rows_k),
+        detail::Window32::bound(p.window_right, rows_q),
         {},
         {},
         {},

@@ -249,53 +249,59 @@ struct ForwardMainloopSm90 {
     cute::Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN)
     cute::Tensor tScS = thr_mma_qk.partition_C(cS);                               // (MMA, MMA_M, MMA_N)
 
-    // Packed GQA: the query row of tile row i (masks go by the query row); w.m0 is the tile's first one.
-    auto query_row = [&](int i) -> int64_t {
-      if constexpr (Traits::kPackGqa) {
-        return unpack_row(w.coord.m_block * kBlockM + i, kp.heads_per_kv).row;
-      } else {
-        return w.m0 + i;
-      }
-    };
-    const int64_t m_end = detail::min64(query_row(kBlockM - 1) + 1, w.seq.sq);
     // Scores -> masked scores of block n. The blocks every row of the tile sees whole need no mask: at most two
     // ranges (the second only above the history of an HSTU target mask), found once per tile. Only the other
     // blocks pay for the element mask: one compare per element against the visible key spans of this
-    // thread's rows, also found once per tile.
-    detail::Range full_first, full_second;
+    // thread's rows, also found once per tile. Softmax finds both in 32 bits (its mask is a window).
     // The long-row kernel runs without a sliding window (Sm90Forward::long_rows): its rows see keys from 0 and its
     // tiles end at block 0, which the compiler then knows (the first ends of the spans and of the fully visible
     // range, and the last block, are constants instead of registers).
-    detail::Mask mask = w.mask;
-    if constexpr (Traits::kLongRows) mask.left = -1;
+    detail::Window32 window = w.window;
+    if constexpr (Traits::kLongRows) window.left = -1;
     const int n_min = Traits::kLongRows ? 0 : w.n_min;
-    if constexpr (kHstu) {
-      detail::fully_visible_blocks(mask, w.m0, m_end, kBlockN, &full_first, &full_second);
-    } else {
-      full_first = detail::window_full_blocks(mask, w.m0, m_end, kBlockN);
-    }
-    const int full_lo = int(full_first.begin), full_hi = int(full_first.end);
-    const int full2_lo = int(full_second.begin), full2_hi = int(full_second.end);
+    int full_lo, full_hi, full2_lo = 0, full2_hi = 0;
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kMaskRows = decltype(size<0>(c_rc))::value;
     // A softmax row sees one span: its mask is a window (TileWork::plan), whose second span is always empty.
     constexpr int kSpans = kHstu ? 4 : 2;
-    // Softmax: the window's spans in 32 bits from the tile's first row (mask.h's WindowSpans).
     int spans[kMaskRows][kSpans];
-    const detail::WindowSpans window = kHstu ? detail::WindowSpans{} : detail::WindowSpans::of(mask, w.m0);
-    CUTE_UNROLL
-    for (int r = 0; r < kMaskRows; ++r) {
-      if constexpr (kHstu) {
+    if constexpr (kHstu) {
+      const int64_t m_end = detail::min64(w.m0 + kBlockM, w.seq.sq);
+      detail::Range full_first, full_second;
+      detail::fully_visible_blocks(w.mask, w.m0, m_end, kBlockN, &full_first, &full_second);
+      full_lo = int(full_first.begin);
+      full_hi = int(full_first.end);
+      full2_lo = int(full_second.begin);
+      full2_hi = int(full_second.end);
+      CUTE_UNROLL
+      for (int r = 0; r < kMaskRows; ++r) {
         detail::Range first, second;
-        detail::visible_spans(mask, query_row(get<0>(c_rc(r, 0))), &first, &second);
+        detail::visible_spans(w.mask, w.m0 + get<0>(c_rc(r, 0)), &first, &second);
         spans[r][0] = int(first.begin);
         spans[r][1] = int(first.end);
         spans[r][2] = int(second.begin);
         spans[r][3] = int(second.end);
-      } else {
-        const int t = int(query_row(get<0>(c_rc(r, 0))) - w.m0);
-        spans[r][0] = window.lo(t);
-        spans[r][1] = window.hi(t);
+      }
+    } else {
+      // Packed GQA: the query row of tile row i (masks go by the query row); w.m0 is the tile's first one.
+      auto query_row = [&](int i) -> int {
+        if constexpr (Traits::kPackGqa) {
+          return unpack_row(w.coord.m_block * kBlockM + i, kp.heads_per_kv).row;
+        } else {
+          return int(w.m0) + i;
+        }
+      };
+      const int m0 = int(w.m0);
+      const int span = Traits::kPackGqa ? query_row(kBlockM - 1) + 1 - m0 : kBlockM;
+      const int m_end = window.sq - m0 > span ? m0 + span : window.sq;  // as TileWork::plan
+      window.full_blocks(m0, m_end, kBlockN, &full_lo, &full_hi);
+      // The rows' spans from the tile's first row (mask.h's WindowSpans).
+      const detail::WindowSpans row_spans = detail::WindowSpans::of(window, m0);
+      CUTE_UNROLL
+      for (int r = 0; r < kMaskRows; ++r) {
+        const int t = query_row(get<0>(c_rc(r, 0))) - m0;
+        spans[r][0] = row_spans.lo(t);
+        spans[r][1] = row_spans.hi(t);
       }
     }
     // Sets the entries of block n no row sees to `masked`. Softmax compares each column's offset from the
@@ -335,7 +341,7 @@ struct ForwardMainloopSm90 {
             }
           }
         };
-        if (mask.left >= 0) {
+        if (window.left >= 0) {
           mask_rows(cute::true_type{});
         } else {
           mask_rows(cute::false_type{});

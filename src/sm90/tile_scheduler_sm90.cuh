@@ -172,42 +172,51 @@ struct TileHandoff {
 struct TileWork {
   TileCoord coord;
   detail::SequenceInfo seq;
-  detail::Mask mask;
+  detail::Mask mask;      // HSTU only
+  detail::Window32 window;  // softmax only: its mask, a window
   int64_t m0 = 0;  // first query row of the tile within its sequence
   int n_min = 0, n_max = 0;
   int hole_lo = 0, hole_hi = 0;  // n_min < hole_lo <= hole_hi < n_max, or both 0
   int split = 0;                 // split-KV: the key chunk of the tile (keep_split); 0 otherwise
 
-  // Softmax masks are windows only (supports() refuses contexts and targets): the contextual and target
-  // fields are set to the constants that say so, which lets the compiler drop their paths, among them the
-  // 64-bit division by the target group size.
+  // Softmax masks are windows only (supports() refuses contexts and targets), planned in 32 bits (mask.h's
+  // Window32) from the kernel's normalised bounds `left` and `right`; HSTU plans with the full Mask.
   // kPackGqa: m0 is the first query row the tile touches (unpack_row of its first packed row), `pack` = g.
   template <int kBlockM, int kBlockN, bool kHstu, bool kPackGqa = false>
-  CUTEATTN_HD static TileWork plan(const detail::Params& p, TileCoord c, int pack = 1) {
+  CUTEATTN_HD static TileWork plan(const detail::Params& p, TileCoord c, int pack, int left, int right) {
     TileWork w;
     w.coord = c;
     w.seq = detail::SequenceInfo::of(p, c.batch);
-    w.mask = detail::Mask::of(p, w.seq, c.batch);
-    if constexpr (!kHstu) {
-      w.mask.n_ctx = 0;
-      w.mask.hist = w.seq.sk;
-      w.mask.group = 1;
-    }
-    int64_t m_end;  // past the tile's last query row (may lie past the sequence)
+    int m0, span;  // the tile's first query row and the rows from it to its last one (some may lie past the sequence)
     if constexpr (kPackGqa) {
-      w.m0 = unpack_row(c.m_block * kBlockM, pack).row;
-      m_end = unpack_row(c.m_block * kBlockM + kBlockM - 1, pack).row + 1;
+      m0 = unpack_row(c.m_block * kBlockM, pack).row;
+      span = unpack_row(c.m_block * kBlockM + kBlockM - 1, pack).row + 1 - m0;
     } else {
-      w.m0 = int64_t(c.m_block) * kBlockM;
-      m_end = w.m0 + kBlockM;
+      m0 = c.m_block * kBlockM;
+      span = kBlockM;
     }
-    if (w.m0 < w.seq.sq) {
-      const detail::Range keys = w.mask.key_range(w.m0, m_end);
-      if (!keys.empty()) {
-        w.n_min = int(keys.begin / kBlockN);
-        w.n_max = int((keys.end + kBlockN - 1) / kBlockN);
+    w.m0 = m0;
+    if constexpr (!kHstu) {
+      w.window = {int(w.seq.sq), int(w.seq.sk), left, right};
+      if (m0 < w.window.sq) {
+        // Rows past the sequence see nothing (m0 + span may pass 2^31 where the sequence ends near it).
+        const int m_end = w.window.sq - m0 > span ? m0 + span : w.window.sq;
+        int begin, end;
+        w.window.key_range(m0, m_end, &begin, &end);
+        if (begin < end) {
+          w.n_min = begin / kBlockN;
+          w.n_max = int((uint32_t(end) + uint32_t(kBlockN - 1)) / uint32_t(kBlockN));
+        }
       }
-      if constexpr (kHstu) {
+    } else {
+      w.mask = detail::Mask::of(p, w.seq, c.batch);
+      if (w.m0 < w.seq.sq) {
+        const int64_t m_end = w.m0 + span;
+        const detail::Range keys = w.mask.key_range(w.m0, m_end);
+        if (!keys.empty()) {
+          w.n_min = int(keys.begin / kBlockN);
+          w.n_max = int((keys.end + kBlockN - 1) / kBlockN);
+        }
         // The hole lies below the block of the tile's last key (its own group is visible to it); a hole that
         // starts at n_min just moves n_min.
         const detail::Range hole = detail::blocks_inside(w.mask.key_hole(w.m0, m_end), kBlockN);

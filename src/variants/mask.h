@@ -206,20 +206,46 @@ CUTEATTN_HD void visible_spans(const Mask& m, int64_t i, Range* first, Range* se
 // forward's per-tile mask setup paid for in 64 bits (H100, softmax d 64 s 512 causal: ~170 of ~1800
 // instructions per warp and tile went to mask.h).
 
-// fully_visible_blocks of a window mask: its `first` range (`second` is always empty).
-CUTEATTN_HD Range window_full_blocks(const Mask& m, int64_t i0, int64_t i1, int64_t block) {
-  if (i0 < 0 || i1 > m.sq || i0 >= i1) return {0, 0};
-  Range full = {0, m.sk / block};
-  if (m.right >= 0) {  // the first row's span ends first
-    const int64_t end = i0 + m.off + m.right + 1;
-    full.end = min64(full.end, end >= 0 ? end / block : -1);
+// A window mask of one sequence in 32 bits, for per-tile plans of kernels whose rows and keys lie below 2^31
+// (the sm90 forward: ~150 of its per-tile instructions went to the same answers in 64 bits). The bounds are
+// normalised by bound(): a window side that reaches past every key of every row is unbounded (-1), so a bounded
+// left < sk and right < sq, and no sum below leaves int32.
+struct Window32 {
+  int sq = 0, sk = 0;
+  int left = -1, right = -1;
+
+  // Row positions r lie in [sk - sq, sk): left >= sk never cuts a key j >= 0 (r - left < 0), right >= sq never
+  // cuts a key j < sk (r + right >= sk). `limit` may be an upper bound of the sequences' sk (or sq).
+  static int bound(int64_t side, int64_t limit) { return side < 0 || side >= limit ? -1 : int(side); }
+
+  // The keys rows [i0, i1) see, 0 <= i0 < i1 <= sq: [*begin, *end), empty where begin >= end. Exact, where
+  // Mask::key_range may answer wider (rows before the first key, sq > sk, take its contextual-row case).
+  CUTEATTN_HD void key_range(int i0, int i1, int* begin, int* end) const {
+    const int off = sk - sq;
+    const int r0 = i0 + off, r1 = i1 - 1 + off;
+    *begin = left >= 0 && r0 - left > 0 ? r0 - left : 0;
+    *end = right >= 0 && right < sk - 1 - r1 ? r1 + right + 1 : sk;
   }
-  if (m.left >= 0) {  // the last row's span starts last
-    const int64_t begin = i1 - 1 + m.off - m.left;
-    full.begin = begin > 0 ? (begin + block - 1) / block : 0;
+
+  // fully_visible_blocks of rows [i0, i1), 0 <= i0 < i1 <= sq, for blocks of `block` keys: blocks
+  // [*begin, *end) are visible whole to every row (a window has no `second` range).
+  CUTEATTN_HD void full_blocks(int i0, int i1, int block, int* begin, int* end) const {
+    const int off = sk - sq;
+    *end = sk / block;
+    if (right >= 0 && right < sk - (i0 + off)) {  // the first row's span ends first, inside the keys
+      const int e = i0 + off + right + 1;
+      *end = e >= 0 ? min(*end, e / block) : -1;
+    }
+    *begin = 0;
+    if (left >= 0) {  // the last row's span starts last
+      const int b = i1 - 1 + off - left;
+      *begin = b > 0 ? int((uint32_t(b) + uint32_t(block) - 1) / uint32_t(block)) : 0;
+    }
   }
-  return full;
-}
+
+ private:
+  CUTEATTN_HD static int min(int a, int b) { return a < b ? a : b; }
+};
 
 // visible_spans of rows i0 + t of a window mask, in 32 bits: row i0 + t (inside the sequence) sees keys
 // [lo(t), hi(t)) for 0 <= t < 2^30 with sk + t < 2^31. The ends are clamped to [-2^30, sk] once, so each row
@@ -233,6 +259,15 @@ struct WindowSpans {
     const int64_t lo = m.left >= 0 ? r0 - m.left : -kFar;
     const int64_t hi = m.right >= 0 ? r0 + m.right + 1 : m.sk;
     return {int(min64(max64(lo, -kFar), m.sk)), int(min64(max64(hi, -kFar), m.sk)), int(m.sk)};
+  }
+  // The same from a Window32, without 64-bit math.
+  CUTEATTN_HD static WindowSpans of(const Window32& w, int i0) {
+    constexpr int kFar = 1 << 30;
+    const int r0 = i0 + (w.sk - w.sq);
+    const int lo = w.left >= 0 && r0 - w.left > -kFar ? r0 - w.left : -kFar;
+    int hi = w.right >= 0 && w.right < w.sk - r0 ? r0 + w.right + 1 : w.sk;
+    hi = hi > -kFar ? hi : -kFar;
+    return {lo, hi, w.sk};
   }
   CUTEATTN_HD int lo(int t) const { return lo0 + t > 0 ? lo0 + t : 0; }
   CUTEATTN_HD int hi(int t) const { return hi0 + t < sk ? hi0 + t : sk; }
