@@ -758,10 +758,11 @@ TEST_F(Sm90Forward, SplitKvSanitize) {
 }
 
 // d != d_v within the bucket of max(d, d_v) (the columns past d or d_v are zero-filled by TMA and never
-// stored): 192/128 (DeepSeek's multi-head latent attention), 128/64, 64/128; causal, varlen with an empty
-// sequence, packed GQA (its own O stores), split-KV (its fp32 partials and combine), HSTU.
+// stored): 192/128 (DeepSeek's multi-head latent attention), 128/64, 64/128, 256/136 (O stored from registers,
+// its columns tested against d_v); causal, varlen with an empty sequence, packed GQA (its own O stores),
+// split-KV (its fp32 partials and combine), HSTU.
 TEST_F(Sm90Forward, DifferentValueDims) {
-  const int64_t dims[][2] = {{192, 128}, {128, 64}, {64, 128}};
+  const int64_t dims[][2] = {{192, 128}, {128, 64}, {64, 128}, {256, 136}};
   for (auto [d, dv] : dims) {
     CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 4, 2, d, 257, 300);
     cfg.head_dim_v = dv;
