@@ -4,8 +4,9 @@
 // consumer warpgroups recompute S = Q K^T and dP = dO V^T with wgmma, form P = exp2(S scale_log2 - LSE_log2)
 // and dS = P (dP - D) (softcap: times its derivative; the element mask on edge tiles only), store P and dS to
 // shared memory, and issue dV += P^T dO (as soon as P is stored: it runs while dS is formed), then dQ = dS K
-// and dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by a TMA reduce-add, which a
-// writer warp per consumer warpgroup (warps 1 and 2) issues and waits for, off the consumers' path.
+// (Traits::kdQTurns: by one warpgroup per step, in turns, while the other goes on to the next step) and
+// dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by TMA reduce-adds, which a writer
+// warp per column half (warps 1 and 2) issues and waits for, off the consumers' path.
 // d 256 (Traits::kSplitCols): 64-key blocks; warpgroup 0 computes S and P, warpgroup 1 dP and, with P read back
 // from shared memory, dS; the warpgroups own column halves of dK and dV for all 64 keys (dV starts once P is
 // stored), and dQ goes to the workspace by fp32 vector reductions from the registers.
@@ -163,13 +164,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if constexpr (!Traits::kdQAtomic) {
       if (warp_idx == 1 || warp_idx == 2) {
-        // dQ writer of consumer warpgroup w: for every step the consumers visit, hand the staging columns over
-        // (free), wait until they hold the step's dQ, add them into the workspace and wait until TMA has read
-        // them. As many hand-overs as the consumers wait for, so no barrier is left half met.
+        // dQ writer of staging half w: for every step the consumers visit, hand the half over (free) to the
+        // warpgroup that writes it (warpgroup w; dQ by turns the one whose turn it is), wait until it holds the
+        // step's dQ columns, add them into the workspace and wait until TMA has read them. As many hand-overs as
+        // the consumers wait for, so no barrier is left half met; by turns, a barrier's uses stay in step order.
         const int w = warp_idx - 1;
         const auto empty = static_cast<uint32_t>(w == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1);
         const auto full = static_cast<uint32_t>(w == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1);
-        cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
+        cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
         cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
         const bool writer = cute::elect_one_sync();
         for (int step = 0; step < steps; ++step) {
@@ -260,7 +262,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const int sdp_tid = Traits::kSplitCols ? tid % 128 : tid;
     auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(sdp_tid);
     auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tid);
-    auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tid);
+    // dQ by turns: a one-warpgroup GEMM, partitioned by the thread's warpgroup rank.
+    auto thr_mma_dq = tiled_mma_dq.get_thread_slice(Traits::kdQTurns ? tid % 128 : tid);
 
     cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim, kStages)
     cute::Tensor sQt = cute::make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM, kStages)
@@ -283,7 +286,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdSt); // (MMA, MMA_M, MMA_K, 2)
     cute::Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K, kStages)
     cute::Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, 2)
-    cute::Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);    // (MMA, MMA_N, MMA_K)
+    // K^T as dQ's B operand: this warpgroup's column half; dQ by turns both halves, (MMA, MMA_N, MMA_K, half).
+    cute::Tensor tdQrKt = [&] {
+      if constexpr (!Traits::kdQTurns) {
+        return thr_mma_dq.partition_fragment_B(sKt);  // (MMA, MMA_N, MMA_K)
+      } else {
+        return thr_mma_dq.partition_fragment_B(
+            local_tile(sKt, Shape<Int<Traits::kdQCols>, Int<kBlockN>>{}, make_coord(_, _0{})));  // (MMA, MMA_N, MMA_K, 2)
+      }
+    }();
 
     typename Traits::SmemCopyPdS smem_copy_pds;
     auto thr_copy_pds = smem_copy_pds.get_thread_slice(sdp_tid);
@@ -607,54 +618,101 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
       }
 
-      cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
-      warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ, true);
-      warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
-      if constexpr (!Traits::kHstu) load_row_stats(step + 1);
-      warpgroup_wait<1>();
-      if constexpr (Traits::kdQAtomic) {
-        // dQ of the tile's rows inside the sequence and columns below d: column pairs (c, c + 1) of the
-        // fragment as one 8-byte reduction each. Coordinates from a thread index read again here.
-        const int t = consumer_thread_index<true>();
-        cute::Tensor cdQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
-        cute::Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(t).partition_C(cdQ);       // (MMA, MMA_M, MMA_N)
-        const int64_t row_stride = int64_t(kp.params.heads) * kHeadDim;
-        float* dq_tile = kp.dq_accum + (int64_t(dq_row_base) + m0) * row_stride + int64_t(head) * kHeadDim;
-        const int rows = int(detail::min64(seq.sq - m0, kBlockM));
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int r = get<0>(tdQcdQ(e)), c = get<1>(tdQcdQ(e));
-          if (r < rows && c < d) detail::sm80_bwd::red_add_f32x2(dq_tile + r * row_stride + c, tdQrdQ(e), tdQrdQ(e + 1));
+      if constexpr (Traits::kdQTurns) {
+        // dQ by turns (Traits::kdQTurns): the warpgroups take turns by visited step (its ring stage), and the one
+        // whose turn it is computes both column halves into the staging tile, one after the other; the other
+        // issues only its dK and goes on to the next step, so its S and dP GEMMs and softmax overlap this step's
+        // dQ and its staging. Each branch issues and waits for its own wgmmas (a dQ wgmma under one condition
+        // and its wait under another serialized every wgmma of the kernel: ptxas C7514). The warpgroup from a
+        // thread index read again here (kept live across the loop, a value of the softmax spilled).
+        if (stage == consumer_thread_index<true>() / 128) {
+          // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold
+          // exact zeros (P and K are zero there), so the whole tile is added.
+          // Half h of the staging tile, partitioned like the dQ accumulator, from a thread index read again
+          // here: derived once, the swizzled addresses stayed live across the loop and spilled. It is written
+          // once its writer warp hands it over (its previous reduce-add has read it), and handed back to it for
+          // this step's reduce-add.
+          cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<Traits::kdQCols>>{});  // (MMA, MMA_M, MMA_N)
+          auto stage_half = [&](int h) {
+            cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
+            const int t = consumer_thread_index<true>();
+            cutlass::arch::NamedBarrier::sync(
+                Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
+            cute::Tensor tdQsdQ = tiled_mma_dq.get_thread_slice(t % 128).partition_C(sdQ(_, _, h));  // (MMA, MMA_M, MMA_N)
+            // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+            CUTE_UNROLL
+            for (int e = 0; e < size(tdQrdQ); e += 2) {
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
+                           "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
+                           : "memory");
+            }
+            tma_store_fence();
+            cutlass::arch::NamedBarrier::arrive(
+                Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
+          };
+          warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt(_, _, _, 0), tdQrdQ, true);
+          warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
+          if constexpr (!Traits::kHstu) load_row_stats(step + 1);
+          warpgroup_wait<1>();
+          stage_half(0);
+          warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt(_, _, _, 1), tdQrdQ, true);
+          warpgroup_wait<0>();
+          stage_half(1);
+        } else {
+          warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
+          if constexpr (!Traits::kHstu) load_row_stats(step + 1);
+          warpgroup_wait<0>();
         }
       } else {
-        // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact
-        // zeros (P and K are zero there), so the whole tile is added.
-        // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
-        // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
-        // They are written once the writer warp hands them over (its previous reduce-add has read them), and
-        // handed back to it for this step's reduce-add.
-        cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
-        const int t = consumer_thread_index<true>();
-        cutlass::arch::NamedBarrier::sync(
-            Traits::kdQWriterThreads,
-            static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
-        {
-          typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
-          cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
-          // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+        cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+        warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ, true);
+        warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
+        if constexpr (!Traits::kHstu) load_row_stats(step + 1);
+        warpgroup_wait<1>();
+        if constexpr (Traits::kdQAtomic) {
+          // dQ of the tile's rows inside the sequence and columns below d: column pairs (c, c + 1) of the
+          // fragment as one 8-byte reduction each. Coordinates from a thread index read again here.
+          const int t = consumer_thread_index<true>();
+          cute::Tensor cdQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, kHeadDim)
+          cute::Tensor tdQcdQ = tiled_mma_dq.get_thread_slice(t).partition_C(cdQ);       // (MMA, MMA_M, MMA_N)
+          const int64_t row_stride = int64_t(kp.params.heads) * kHeadDim;
+          float* dq_tile = kp.dq_accum + (int64_t(dq_row_base) + m0) * row_stride + int64_t(head) * kHeadDim;
+          const int rows = int(detail::min64(seq.sq - m0, kBlockM));
           CUTE_UNROLL
           for (int e = 0; e < size(tdQrdQ); e += 2) {
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
-                         "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
-                         : "memory");
+            const int r = get<0>(tdQcdQ(e)), c = get<1>(tdQcdQ(e));
+            if (r < rows && c < d) detail::sm80_bwd::red_add_f32x2(dq_tile + r * row_stride + c, tdQrdQ(e), tdQrdQ(e + 1));
           }
+        } else {
+          // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact
+          // zeros (P and K are zero there), so the whole tile is added.
+          // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
+          // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
+          // They are written once the writer warp hands them over (its previous reduce-add has read them), and
+          // handed back to it for this step's reduce-add.
+          cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
+          const int t = consumer_thread_index<true>();
+          cutlass::arch::NamedBarrier::sync(
+              Traits::kdQWriterThreads,
+              static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
+          {
+            typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
+            cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
+            // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+            CUTE_UNROLL
+            for (int e = 0; e < size(tdQrdQ); e += 2) {
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
+                           "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
+                           : "memory");
+            }
+          }
+          tma_store_fence();
+          cutlass::arch::NamedBarrier::arrive(
+              Traits::kdQWriterThreads,
+              static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
         }
-        tma_store_fence();
-        cutlass::arch::NamedBarrier::arrive(
-            Traits::kdQWriterThreads,
-            static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
+        warpgroup_wait<0>();
       }
-      warpgroup_wait<0>();
       // The stage's dS buffer takes the next rab tile: the dRab store must have read it first.
       if (drab_store && tid == 0) tma_store_wait<0>();
       pipeline.consumer_release(read);

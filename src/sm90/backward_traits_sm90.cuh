@@ -4,14 +4,16 @@
 //                                    of the keys of both; d 256: warpgroup 0 computes S, warpgroup 1 dP, whole)
 //   dV += P^T dO, dK += dS^T Q      (kBlockN keys x d; d <= 128: warpgroup w takes the same keys as in S;
 //                                    d 256 (kSplitCols): all 64 keys, columns [128 w, 128 w + 128))
-//   dQ = dS K                       (kBlockM query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2))
+//   dQ = dS K                       (kBlockM query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2);
+//                                    kdQTurns: the warpgroups take turns, one computes all of a step's dQ, a
+//                                    column half after the other, while the other goes on to the next step)
 // all from shared memory: P and dS go there as 16-bit tiles. dS has two buffers, so one step's writes never meet
 // the other warpgroup's reads (dQ) of the step before; at d <= 128 P is read only by the warpgroup that wrote it
 // (dV of its own keys), so one buffer serves where shared memory is short; at d 256 both warpgroups read all of
 // P, which is double-buffered like dS; warpgroup 1 reads P back (ldmatrix) to form dS. dQ leaves through an fp32
-// staging tile (per warpgroup: the consumers write it, a writer warp of the producer warpgroup issues the
-// reduce-add, waits until it has read the tile and hands it back), at d 256 by fp32 vector reductions straight
-// from the registers (no room for a staging tile).
+// staging tile in two column halves (written by warpgroup w, or by turns both by the warpgroup whose turn it is;
+// a writer warp per half, in the producer warpgroup, issues its reduce-add, waits until TMA has read the half and
+// hands it back), at d 256 by fp32 vector reductions straight from the registers (no room for a staging tile).
 // HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
 // writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
 // buffer by a TMA store once dS is in it.
@@ -38,10 +40,12 @@ enum class BwdBarrier : uint32_t {
   kWarpGroup0 = 1,   // consumer warpgroup 0 alone: its P columns are in shared memory
   kWarpGroup1 = 2,   // the same for warpgroup 1
   kPWritten = 3,     // both consumer warpgroups (d 256): this step's P tile is in shared memory
-  kdQEmpty0 = 4,     // dQ writer warp 0 (arrive) -> consumer warpgroup 0 (sync): its dQ staging columns are free
-  kdQEmpty1 = 5,     // the same for warpgroup 1
-  kdQFull0 = 6,      // consumer warpgroup 0 (arrive) -> dQ writer warp 0 (sync): its dQ columns are written
-  kdQFull1 = 7,      // the same for warpgroup 1
+  kdQEmpty0 = 4,     // dQ writer warp 0 (arrive) -> consumer warpgroup 0, by turns the one whose turn it is
+                     // (sync): dQ staging half 0 is free
+  kdQEmpty1 = 5,     // the same for writer warp 1, half 1 and warpgroup 1
+  kdQFull0 = 6,      // consumer warpgroup 0, by turns the one whose turn it is (arrive) -> dQ writer warp 0
+                     // (sync): half 0 holds the step's dQ
+  kdQFull1 = 7,      // the same for half 1
 };
 
 // The fp32 dQ staging tile of the kernels that reduce dQ by TMA; the d 256 kernel has none.
@@ -84,10 +88,10 @@ struct BackwardTraitsSm90 {
   static_assert(!kSplitCols || kPBuffers == 2, "P read by both warpgroups needs two buffers");
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
-  // Warpgroup 0: the TMA producer warp and (dQ through the staging tile) one dQ writer warp per consumer
-  // warpgroup, which issues the reduce-add of that warpgroup's dQ columns and frees them again.
+  // Warpgroup 0: the TMA producer warp and (dQ through the staging tile) one dQ writer warp per staging half,
+  // which issues the reduce-add of that half and frees it again.
   static constexpr int kNumThreads = kNumMmaThreads + 128;
-  static constexpr int kdQWriterThreads = 128 + 32;  // a consumer warpgroup and its dQ writer warp
+  static constexpr int kdQWriterThreads = 128 + 32;  // a consumer warpgroup and a dQ writer warp
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
 
@@ -104,11 +108,17 @@ struct BackwardTraitsSm90 {
       GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdKVCols>, Int<kBlockM>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
       std::conditional_t<kSplitCols, AtomSplitN, AtomSplitM>{}));
+  // dQ by turns: the warpgroups alternate by step, the one whose turn it is computes both column halves (one
+  // after the other: both at once left too few registers) while the other goes on to the next step's S and dP.
+  // Softmax at d 64 only: there it gained 4-6% (H100, ratio to cuDNN in the same process, s 1k-16k); at d 128
+  // the serial halves cost more than the overlap gained (-3 to -4%, softmax and HSTU; HSTU spilled as well).
+  static constexpr bool kdQTurns = !kdQAtomic && !kHstu && kHeadDim == 64;
+  // dQ columns [w d / 2, (w + 1) d / 2) by warpgroup w; by turns one column half of one warpgroup.
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum,
                            Shape<_64, Int<kHeadDim / kNumMmaWarpGroups>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
-      AtomSplitN{}));
+      std::conditional_t<kdQTurns, Layout<Shape<_1, _1, _1>>, AtomSplitN>{}));
   static_assert(decltype(size<1>(typename TiledMmaSdP::AtomShape_MNK{}))::value == kSdPCols &&
                     decltype(size<1>(typename TiledMmadKV::AtomShape_MNK{}))::value == kdKVCols &&
                     decltype(size<1>(typename TiledMmadQ::AtomShape_MNK{}))::value == kHeadDim / kNumMmaWarpGroups,
@@ -149,8 +159,8 @@ struct BackwardTraitsSm90 {
       Layout<Shape<Int<kNumMmaThreads / kdKVChunksPerRow>, Int<kdKVChunksPerRow>>, Stride<Int<kdKVChunksPerRow>, _1>>{},
       Layout<Shape<_1, Int<16 / int(sizeof(Element))>>>{}));
 
-  // The dQ staging tile: (rows, columns of a warpgroup, warpgroup), 128-byte swizzled fp32 (conflict-free
-  // enough for the accumulator's column pairs); TMA adds each warpgroup's part into the fp32 dQ workspace.
+  // The dQ staging tile: (rows, columns of a half, half), 128-byte swizzled fp32 (conflict-free enough for the
+  // accumulator's column pairs); TMA adds each half into the fp32 dQ workspace.
   static constexpr int kdQCols = kHeadDim / kNumMmaWarpGroups;
   using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{},
                                               Shape<Int<kBlockM>, Int<kdQCols>, Int<kNumMmaWarpGroups>>{}));
