@@ -1,9 +1,10 @@
 // The sm90 backward main kernel (softmax and HSTU), FlashAttention-3 class: one CTA per (key block, kv head,
 // batch entry). Warp 0 (the producer) loads the key block's K and V once by TMA, then streams the Q and dO tiles of
-// the query blocks that see it, for every query head of the kv head, through a two-stage TMA ring. Two
-// consumer warpgroups recompute S = Q K^T and dP = dO V^T with wgmma, form P = exp2(S scale_log2 - LSE_log2)
-// and dS = P (dP - D) (softcap: times its derivative; the element mask on edge tiles only), store P and dS to
-// shared memory, and issue dV += P^T dO (as soon as P is stored: it runs while dS is formed), then dQ = dS K
+// the query blocks that see it, for every query head of the kv head, through a two-stage TMA ring (softmax: with
+// the rows' LSE and D, which its lanes store into the stage). Two consumer warpgroups recompute S = Q K^T and
+// dP = dO V^T with wgmma, form P = exp2(S scale_log2 - LSE_log2) and dS = P (dP - D) (softcap: times its
+// derivative; the element mask on edge tiles only), store P and dS to shared memory, and issue dV += P^T dO (as
+// soon as P is stored: it runs while dS is formed), then dQ = dS K
 // (Traits::kdQTurns: by one warpgroup per step, in turns, while the other goes on to the next step) and
 // dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by TMA reduce-adds, which a writer
 // warp per column half (warps 1 and 2) issues and waits for, off the consumers' path.
@@ -70,6 +71,57 @@ CUTE_DEVICE void query_blocks(detail::Mask const& mask, int64_t n0, int& m_begin
   m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
 }
 
+// The query blocks m whose tile (rows [m kBlockM, (m + 1) kBlockM), keys [n0, n0 + kBlockN)) a window mask (no
+// contextual or target rows) shows whole, i.e. tile_fully_visible: one contiguous range [m_begin, m_end), empty
+// where m_begin >= m_end. Rows r = i + off see [r - left, r + right]: the first row of the block bounds the right
+// edge, the last row the left edge.
+template <int kBlockM, int kBlockN>
+CUTE_HOST_DEVICE void full_query_blocks(detail::Mask const& mask, int64_t n0, int& m_begin, int& m_end) {
+  auto floor_div = [](int64_t x) { return x >= 0 ? x / kBlockM : -((kBlockM - 1 - x) / kBlockM); };
+  int64_t lo = 0, hi = mask.sq / kBlockM;  // whole blocks inside the sequence's rows
+  if (n0 + kBlockN > mask.sk) hi = 0;       // the key block reaches past the keys
+  // right: m kBlockM + off + right >= n0 + kBlockN - 1
+  if (mask.right >= 0) lo = detail::max64(lo, -floor_div(mask.off + mask.right + 1 - n0 - kBlockN));
+  // left: m kBlockM + kBlockM - 1 + off - left <= n0
+  if (mask.left >= 0) hi = detail::min64(hi, floor_div(n0 + mask.left + 1 - mask.off - kBlockM) + 1);
+  m_begin = int(lo);
+  m_end = int(detail::max64(hi, lo));
+}
+
+// The (query head, query block) of each step, head-major, as the producer, the dQ writers and the consumers walk
+// the steps. Softmax (kRunning) moves a cursor: a division and a remainder per step were a visible part of the
+// step head. HSTU divides the step index at each step: a cursor kept live across its loop body spilled at d 128
+// and cost it 8-10% (H100).
+template <bool kRunning>
+struct StepWalk;
+template <>
+struct StepWalk<true> {
+  int head, m, m_begin, m_end, head_end;
+  CUTE_DEVICE StepWalk(int head0, int heads, int m_begin_, int m_end_)
+      : head(head0), m(m_begin_), m_begin(m_begin_), m_end(m_end_),
+        head_end(m_begin_ < m_end_ ? head0 + heads : head0) {}
+  CUTE_DEVICE bool more() const { return head < head_end; }
+  CUTE_DEVICE void locate() {}
+  CUTE_DEVICE void next() {
+    if (++m == m_end) {
+      m = m_begin;
+      ++head;
+    }
+  }
+};
+template <>
+struct StepWalk<false> {
+  int head, m, m_begin, m_count, head0, step = 0, steps;
+  CUTE_DEVICE StepWalk(int head0_, int heads, int m_begin_, int m_end_)
+      : m_begin(m_begin_), m_count(m_end_ - m_begin_), head0(head0_), steps((m_end_ - m_begin_) * heads) {}
+  CUTE_DEVICE bool more() const { return step < steps; }
+  CUTE_DEVICE void locate() {
+    head = head0 + step / m_count;
+    m = m_begin + step % m_count;
+  }
+  CUTE_DEVICE void next() { ++step; }
+};
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     backward_kernel_sm90(CUTE_GRID_CONSTANT BackwardKernelParams<Traits> const kp) {
@@ -115,8 +167,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   };
   int m_begin, m_end;
   query_blocks<kBlockM, kBlockN>(mask, n0, m_begin, m_end);
-  const int m_count = m_end - m_begin;
-  const int steps = m_count * kp.heads_per_kv;  // (query head of the group, query block), head-major
+  const int head0 = kv_head * kp.heads_per_kv;  // the first query head of the kv head
+  using Walk = StepWalk<!Traits::kHstu>;
   // Whether query block m sees the key block under `mk` (this sequence's mask). The row range is exact for
   // windows (always true there); HSTU's contextual and target masks leave blocks inside it that see nothing
   // (key_range, key_hole).
@@ -155,6 +207,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   pipeline_params.transaction_bytes = Traits::kTmaBytesQdO + (has_rab ? Traits::kTmaBytesRab : 0u);
   pipeline_params.role = warp_group == 0 ? PipelineQdO::ThreadCategory::Producer : PipelineQdO::ThreadCategory::Consumer;
   pipeline_params.is_leader = threadIdx.x == 0;
+  // Softmax: the leader's expect-tx arrival, then every producer lane arrives after its own stores of the stage's
+  // row statistics, so a consumer that sees the stage full sees them.
+  pipeline_params.num_producers = Traits::kHstu ? 1 : 1 + 32;
   pipeline_params.num_consumers = kNumMmaThreads;
   PipelineQdO pipeline(ss.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();
@@ -174,9 +229,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
         cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
         const bool writer = cute::elect_one_sync();
-        for (int step = 0; step < steps; ++step) {
-          const int head = kv_head * kp.heads_per_kv + step / m_count;
-          const int m = m_begin + step % m_count;
+        for (Walk walk(head0, kp.heads_per_kv, m_begin, m_end); walk.more(); walk.next()) {
+          walk.locate();
+          const int head = walk.head, m = walk.m;
           if (!block_visible(step_mask(), m)) continue;
           cutlass::arch::NamedBarrier::arrive(Traits::kdQWriterThreads, empty);
           cutlass::arch::NamedBarrier::sync(Traits::kdQWriterThreads, full);
@@ -217,9 +272,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(v_part), get<1>(v_part));
     }
     int issued = 0;
-    for (int step = 0; step < steps; ++step) {
-      const int head = kv_head * kp.heads_per_kv + step / m_count;
-      const int m = m_begin + step % m_count;
+    for (Walk walk(head0, kp.heads_per_kv, m_begin, m_end); walk.more(); walk.next()) {
+      walk.locate();
+      const int head = walk.head, m = walk.m;
       const detail::SequenceInfo sinfo = step_seq();
       if (!block_visible(step_mask(), m)) continue;
       cute::Tensor gQ = local_tile(domain_offset(make_coord(int(sinfo.q_start), _0{}), mQ(_, _, head, batch)),
@@ -237,7 +292,22 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), get<0>(do_part),
              get<1>(do_part)(_, write.index()));
       }
-      if constexpr (Traits::kHstu) {
+      if constexpr (!Traits::kHstu) {
+        // The step's row statistics, one row per lane and turn; LSE is -inf where a row sees no key.
+        const int64_t i0 = int64_t(m) * kBlockM;
+        const int64_t base = seq.lse_index(p, bi, head, i0);  // rows of a head are contiguous in LSE and D
+        CUTE_UNROLL
+        for (int turn = 0; turn < kBlockM / 32; ++turn) {
+          const int row = turn * 32 + cutlass::canonical_lane_idx();
+          float2 stats = make_float2(INFINITY, 0.0f);
+          if (i0 + row < seq.sq) {
+            const float lse = p.lse[base + row];
+            stats = make_float2(lse == -INFINITY ? INFINITY : lse * kLog2e, kp.dsum[base + row]);
+          }
+          ss.row_stats.lse2_dsum[write.index()][row] = stats;
+        }
+        cutlass::arch::ClusterBarrier::arrive(pipeline.producer_get_barrier(write));
+      } else {
         // rab rows are the key positions m0 + off ... of the tile's query rows; past max_sk TMA zero-fills.
         if (has_rab) {
           cute::Tensor mRab = kp.tma_rab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
@@ -321,45 +391,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const bool softcap = p.softcap > 0.0f;
     const int dq_row_base = int(p.varlen ? seq.q_start : int64_t(bi) * p.seqlen_q);
 
-    // LSE (natural log as stored; -inf where a row sees no key or lies past the sequence, so its P is 0) and D of
-    // the rows of step `step`, read one step ahead while the step before runs and first used (lse2_of_row) by
-    // that step: scaling the load at once stalled the consumers for its latency, 7% of their time (ncu). One
-    // row per lane, not kRows per thread (128-row steps are short of registers): lane l holds row index
-    // (l / 8) % kRows of thread 4 (l % 8) of its warp, so index r of a thread lies in lane 8 r + lane / 4 (the
-    // four threads of a quad share their rows).
-    auto stat_row = [&](int t) {
-      const int l = t % 32;
-      const int t_sdp = Traits::kSplitCols ? t % 128 : t;
-      cute::Tensor tScS_src = tiled_mma_sdp.get_thread_slice(t_sdp - l + 4 * (l % 8)).partition_C(cS);  // (MMA, MMA_M, MMA_N)
-      cute::Tensor c_rc_src = cute::make_tensor(tScS_src.data(), acc_rowcol(tScS_src.layout()));  // (rows, cols)
-      int row = 0;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        if ((l / 8) % kRows == r) row = get<0>(c_rc_src(r, 0));
-      }
-      return row;
-    };
-    float lse_lane, dsum_lane;
-    auto load_row_stats = [&](int step) {
-      lse_lane = -INFINITY;
-      dsum_lane = 0.0f;
-      if (step >= steps) return;
-      const int head = kv_head * kp.heads_per_kv + step / m_count;
-      // The lane's row from a thread index read again here: kept from before the loop, it spilled (fp16).
-      const int64_t i = int64_t(m_begin + step % m_count) * kBlockM + stat_row(consumer_thread_index<true>());
-      if (i < seq.sq) {
-        const int64_t idx = seq.lse_index(p, bi, head, i);
-        lse_lane = p.lse[idx];
-        dsum_lane = kp.dsum[idx];
-      }
-    };
-    auto row_stat = [tid](float x, int r) { return __shfl_sync(0xffffffffu, x, 8 * r + tid % 32 / 4); };
-    // LSE of row index r of the thread in log2 units, +inf where the row's P is 0.
-    auto lse2_of_row = [&](int r) {
-      const float lse = row_stat(lse_lane, r);
-      return lse == -INFINITY ? INFINITY : lse * kLog2e;
-    };
-    if constexpr (!Traits::kHstu) load_row_stats(0);
+    // Softmax windows, d <= 128: the query blocks whose tile needs no element mask, found once (at d 256 the
+    // range kept live across the loop spilled; it asks the mask per step there).
+    constexpr bool kFullRange = !Traits::kHstu && kHeadDim <= 128;
+    int full_begin = 0, full_end = 0;
+    if constexpr (kFullRange) full_query_blocks<kBlockM, kBlockN>(mask, n0, full_begin, full_end);
 
     const HstuPointwise hstu(p);
     const float dprob_scale = p.alpha * p.inv_scaling_seqlen;
@@ -367,16 +403,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     ss.barrier_kv.wait(0);
     PipelineState read;
-    for (int step = 0; step < steps; ++step) {
-      const int head = kv_head * kp.heads_per_kv + step / m_count;
-      const int m = m_begin + step % m_count;
+    for (Walk walk(head0, kp.heads_per_kv, m_begin, m_end); walk.more(); walk.next()) {
+      walk.locate();
+      const int head = walk.head, m = walk.m;
       const int64_t m0 = int64_t(m) * kBlockM;
       bool full_tile;
       Visibility visible = ~Visibility(0);  // HSTU: bit r * kCols + c set where value (r, c) of the thread is visible
       {
         const detail::Mask mk = step_mask();
         if (!block_visible(mk, m)) continue;
-        full_tile = mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+        full_tile = kFullRange ? m >= full_begin && m < full_end
+                               : mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
         if constexpr (Traits::kHstu) {
           static_assert(kRows * kCols <= 8 * sizeof(Visibility), "one visibility bit per accumulator value");
           if (!full_tile) {
@@ -403,8 +440,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       pipeline.consumer_wait(read);
       // Softmax: P = exp2(score * scale_log2 - LSE_log2) in place in the S accumulator, masked on tiles not every
       // row sees whole. Softcap maps the scores in place first: a select per element kept the raw and the capped
-      // tile live at once (spills with 128-row steps).
-      auto softmax_probs = [&](auto& tS) {
+      // tile live at once (spills with 128-row steps). `stats`: the step's row statistics, (LSE in log2 units, D)
+      // per row of the tile (BackwardRowStats; passed in where softmax code is compiled: HSTU has none).
+      auto softmax_probs = [&](auto& tS, auto const& stats) {
         cute::Tensor s_rc = cute::make_tensor(tS.data(), acc_rowcol(tS.layout()));  // (rows, cols)
         if (softcap) {
           CUTE_UNROLL
@@ -412,7 +450,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          const float lse2 = lse2_of_row(r);
+          const float lse2 = stats[get<0>(c_rc(r, 0))].x;
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) s_rc(r, c) = exp2f(s_rc(r, c) * kp.scale_log2 - lse2);
         }
@@ -434,19 +472,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       };
       // Softmax: dS = P (dP - D) in place in the dP accumulator, with P as rounded for dV (0 where masked);
       // softcap: times 1 - t^2, t = tanh(...) recovered from P.
-      auto softmax_dscores = [&](auto& tdP, auto const& rP) {
+      auto softmax_dscores = [&](auto& tdP, auto const& rP, auto const& stats) {
         cute::Tensor dp_rc = cute::make_tensor(tdP.data(), acc_rowcol(tdP.layout()));  // (rows, cols)
         cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));    // (rows, cols)
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          const float dsum = row_stat(dsum_lane, r);
+          const float dsum = stats[get<0>(c_rc(r, 0))].y;
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) dp_rc(r, c) = static_cast<float>(p_rc(r, c)) * (dp_rc(r, c) - dsum);
         }
         if (softcap) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {
-            const float lse2 = lse2_of_row(r);
+            const float lse2 = stats[get<0>(c_rc(r, 0))].x;
             CUTE_UNROLL
             for (int c = 0; c < kCols; ++c) {
               const float prob = static_cast<float>(p_rc(r, c));
@@ -467,7 +505,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         warpgroup_wait<0>();
         cute::Tensor rP = cute::make_tensor<Element>(tAcc.layout());                      // (MMA, MMA_M, MMA_N)
         if (wg == 0) {
-          softmax_probs(tAcc);
+          softmax_probs(tAcc, ss.row_stats.lse2_dsum[stage]);
           convert_fragment(tAcc, rP);
           copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
         }
@@ -481,7 +519,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           cute::Tensor tLsP = thr_load_p.partition_S(sP);  // (CPY, CPY_M, CPY_N, kPBuffers)
           cute::Tensor tLrP = thr_load_p.retile_D(rP);     // (CPY, CPY_M, CPY_N)
           copy(smem_load_p, tLsP(_, _, _, pbuf), tLrP);
-          softmax_dscores(tAcc, rP);
+          softmax_dscores(tAcc, rP, ss.row_stats.lse2_dsum[stage]);
           cute::Tensor rdS = cute::make_tensor<Element>(tAcc.layout());  // (MMA, MMA_M, MMA_N)
           convert_fragment(tAcc, rdS);
           copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
@@ -556,7 +594,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             }
           }
         } else {
-          softmax_probs(tSrS);
+          softmax_probs(tSrS, ss.row_stats.lse2_dsum[stage]);
           convert_fragment(tSrS, rP);
         }
         copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
@@ -594,7 +632,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             }
           }
         } else {
-          softmax_dscores(tdPrdP, rP);
+          softmax_dscores(tdPrdP, rP, ss.row_stats.lse2_dsum[stage]);
         }
         cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
         convert_fragment(tdPrdP, rdS);
@@ -652,7 +690,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           };
           warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt(_, _, _, 0), tdQrdQ, true);
           warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
-          if constexpr (!Traits::kHstu) load_row_stats(step + 1);
           warpgroup_wait<1>();
           stage_half(0);
           warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt(_, _, _, 1), tdQrdQ, true);
@@ -660,14 +697,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           stage_half(1);
         } else {
           warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
-          if constexpr (!Traits::kHstu) load_row_stats(step + 1);
           warpgroup_wait<0>();
         }
       } else {
         cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
         warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ, true);
         warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
-        if constexpr (!Traits::kHstu) load_row_stats(step + 1);
         warpgroup_wait<1>();
         if constexpr (Traits::kdQAtomic) {
           // dQ of the tile's rows inside the sequence and columns below d: column pairs (c, c + 1) of the

@@ -56,6 +56,16 @@ struct BackwarddQStaging<true, ElementAccum, kElems> {
   alignas(1024) cute::array_aligned<ElementAccum, kElems, 1024> dq;
 };
 
+// Softmax: the row statistics of the step in each Q/dO stage, (LSE in log2 units, D) per query row (+inf, 0 for
+// rows past the sequence or that see no key, so their P and dS are 0). The producer warp writes them with the
+// stage's Q and dO, and the consumers read them from there instead of loading and shuffling them per step.
+template <bool kSoftmax, int kStages, int kBlockM>
+struct BackwardRowStats {};
+template <int kStages, int kBlockM>
+struct BackwardRowStats<true, kStages, kBlockM> {
+  alignas(16) float2 lse2_dsum[kStages][kBlockM];
+};
+
 // The query-step height per (score, head dim): 128 rows for softmax at d 64 halve the fixed costs of a step
 // (barriers, LSE/D loads, stmatrix, the dQ reduce-add, pipeline waits) per FLOP; 64 rows at d 128, where the dK
 // and dV accumulators leave no registers for taller S and dP tiles, and for HSTU at d 64 (its sigmoid tile next
@@ -66,6 +76,7 @@ struct BackwarddQStaging<true, ElementAccum, kElems> {
 //   HSTU d 64, kBlockM 64:     2 x (Q + dO) 32 KB + K + V 32 KB + 2 x (P + dS) 64 KB + dQ fp32 16 KB = 144 KB
 //   d 128, kBlockM 64:         2 x (Q + dO) 64 KB + K + V 64 KB + 2 x (P + dS) 64 KB + dQ fp32 32 KB = 224 KB
 //   d 256, kBlockM 64, kBlockN 64: 2 x (Q + dO) 128 KB + K + V 64 KB + 2 x (P + dS) 32 KB = 224 KB
+// and softmax the row statistics, 2 x kBlockM x 8 bytes (2 KB at d 64, 1 KB at d 128 and 256).
 // Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (kBlockM kBlockN / 256 fp32
 // each), dQ (kBlockM d / 256); at d 256 dK and dV 64 each, one 64 x 64 tile (S or dP) 32, dQ 64.
 template <DType kDType, int kHeadDim_, bool kHstu_>
@@ -208,6 +219,7 @@ struct BackwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> p;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
     BackwarddQStaging<!kdQAtomic, ElementAccum, cosize_v<SmemLayoutdQ>> staging;
+    BackwardRowStats<!kHstu, kStages, kBlockM> row_stats;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     alignas(16) typename PipelineQdO::SharedStorage pipeline_qdo;
   };
