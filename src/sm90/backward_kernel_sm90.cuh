@@ -397,6 +397,31 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     int full_begin = 0, full_end = 0;
     if constexpr (kFullRange) full_query_blocks<kBlockM, kBlockN>(mask, n0, full_begin, full_end);
 
+    // dQ columns of one warpgroup's share (a one-warpgroup dQ fragment) into staging half h: written once the
+    // half's writer warp hands it over (its previous reduce-add has read it), then handed back to it for this
+    // step's reduce-add. Rows past the sequence and columns past d hold exact zeros (P and K are zero there), so
+    // the whole tile is added. The half partitioned like the fragment from a thread index read again here: derived
+    // once, the swizzled addresses stayed live across the loop and spilled. The staging storage comes as an
+    // argument: the d 256 kernel has none, and a generic body is compiled only where it is called.
+    auto stage_dq_half = [&](auto const& tdQrdQ, int h, auto& staging) {
+      cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
+      const int t = consumer_thread_index<true>();
+      cutlass::arch::NamedBarrier::sync(
+          Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
+      typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
+      cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, h));  // (MMA, MMA_M, MMA_N)
+      // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))), "f"(tdQrdQ(e)),
+                     "f"(tdQrdQ(e + 1))
+                     : "memory");
+      }
+      tma_store_fence();
+      cutlass::arch::NamedBarrier::arrive(
+          Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
+    };
+
     const HstuPointwise hstu(p);
     const float dprob_scale = p.alpha * p.inv_scaling_seqlen;
     const bool drab_store = Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr;
@@ -664,37 +689,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // and its wait under another serialized every wgmma of the kernel: ptxas C7514). The warpgroup from a
         // thread index read again here (kept live across the loop, a value of the softmax spilled).
         if (stage == consumer_thread_index<true>() / 128) {
-          // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold
-          // exact zeros (P and K are zero there), so the whole tile is added.
-          // Half h of the staging tile, partitioned like the dQ accumulator, from a thread index read again
-          // here: derived once, the swizzled addresses stayed live across the loop and spilled. It is written
-          // once its writer warp hands it over (its previous reduce-add has read it), and handed back to it for
-          // this step's reduce-add.
           cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<Traits::kdQCols>>{});  // (MMA, MMA_M, MMA_N)
-          auto stage_half = [&](int h) {
-            cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
-            const int t = consumer_thread_index<true>();
-            cutlass::arch::NamedBarrier::sync(
-                Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
-            cute::Tensor tdQsdQ = tiled_mma_dq.get_thread_slice(t % 128).partition_C(sdQ(_, _, h));  // (MMA, MMA_M, MMA_N)
-            // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
-            CUTE_UNROLL
-            for (int e = 0; e < size(tdQrdQ); e += 2) {
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
-                           "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
-                           : "memory");
-            }
-            tma_store_fence();
-            cutlass::arch::NamedBarrier::arrive(
-                Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
-          };
           warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt(_, _, _, 0), tdQrdQ, true);
           warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
           warpgroup_wait<1>();
-          stage_half(0);
+          stage_dq_half(tdQrdQ, 0, ss.staging);
           warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt(_, _, _, 1), tdQrdQ, true);
           warpgroup_wait<0>();
-          stage_half(1);
+          stage_dq_half(tdQrdQ, 1, ss.staging);
         } else {
           warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
           warpgroup_wait<0>();
@@ -719,32 +721,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             if (r < rows && c < d) detail::sm80_bwd::red_add_f32x2(dq_tile + r * row_stride + c, tdQrdQ(e), tdQrdQ(e + 1));
           }
         } else {
-          // dQ of the tile's kBlockM rows into the workspace: rows past the sequence and columns past d hold exact
-          // zeros (P and K are zero there), so the whole tile is added.
-          // This warpgroup's dQ columns in the staging tile, partitioned as its share of the dQ MMA, from a thread
-          // index read again here: derived once, the 32 swizzled addresses stayed live across the loop and spilled.
-          // They are written once the writer warp hands them over (its previous reduce-add has read them), and
-          // handed back to it for this step's reduce-add.
-          cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, warpgroups)
-          const int t = consumer_thread_index<true>();
-          cutlass::arch::NamedBarrier::sync(
-              Traits::kdQWriterThreads,
-              static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
-          {
-            typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
-            cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, t / 128));  // (MMA, MMA_M, MMA_N)
-            // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
-            CUTE_UNROLL
-            for (int e = 0; e < size(tdQrdQ); e += 2) {
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cast_smem_ptr_to_uint(&tdQsdQ(e))),
-                           "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
-                           : "memory");
-            }
-          }
-          tma_store_fence();
-          cutlass::arch::NamedBarrier::arrive(
-              Traits::kdQWriterThreads,
-              static_cast<uint32_t>(t < 128 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
+          stage_dq_half(tdQrdQ, consumer_thread_index<true>() / 128, ss.staging);
         }
         warpgroup_wait<0>();
       }
