@@ -139,8 +139,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const int q_slot = int(queries % Traits::kQueryStages);
         const bool q_slot_used =
             Traits::kQueryStages == 1 ? loaded > 0 : queries >= uint32_t(Traits::kQueryStages);
-        if (q_slot_used) barrier_sync(kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
-        const uint32_t now_loaded = Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, q_slot, w);
+        // One Q slot: the wait goes inside `load`, after the tile's first K block is issued. With two, it stays
+        // here: inside `load` it cost the softmax d 128 kernels a 4-byte spill (the producer's 24 registers).
+        auto wait_q_slot = [&]() {
+          if (q_slot_used) barrier_sync(kNumMmaThreads + 32, offset(FwdBarrier::kQueryEmpty0, q_slot));
+        };
+        if constexpr (Traits::kQueryStages > 1) wait_q_slot();
+        auto acquire_q_slot = [&]() {
+          if constexpr (Traits::kQueryStages == 1) wait_q_slot();
+        };
+        const uint32_t now_loaded =
+            Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, q_slot, acquire_q_slot, w);
         progress = now_loaded << 1 | (progress & 1);
         if constexpr (Traits::kQueryStages > 1) ++queries;
       }

@@ -108,11 +108,11 @@ struct ForwardMainloopSm90 {
   // `loaded`: K/V blocks the producer loaded before this tile; returns the count after it. K, V and rab (when
   // present) advance their rings together, one slot per block, so the write position of every load follows
   // from one running block count: the producer keeps no pipeline states (its warp runs on 24 registers). Q goes
-  // to slot `q_slot` of the Q ring.
-  template <class KernelParams>
+  // to slot `q_slot` of the Q ring once `acquire_q_slot()` returns (the slot's previous tile is done with it).
+  template <class KernelParams, class AcquireQSlot>
   CUTE_DEVICE static uint32_t load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
                                PipelineKV& pipeline_v, PipelineKV& pipeline_rab, uint32_t loaded, int q_slot,
-                               TileWork const& w) {
+                               AcquireQSlot const& acquire_q_slot, TileWork const& w) {
     const detail::Params& p = kp.params;
     // The write position of the i-th block of the launch; the producer's start phase is 1: the ring starts empty.
     auto write_slot = [](uint32_t i) {
@@ -157,12 +157,15 @@ struct ForwardMainloopSm90 {
         copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
     };
 
-    if constexpr (Traits::kPackGqa) {
-      load_q_packed(kp, ss, q_slot, w);
-    } else if (leader) {
-      ss.barrier_q[q_slot].arrive_and_expect_tx(Traits::kTmaBytesQ);
-      copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[q_slot]), 0), tQgQ, tQsQ);
-    }
+    auto load_q = [&]() {
+      acquire_q_slot();
+      if constexpr (Traits::kPackGqa) {
+        load_q_packed(kp, ss, q_slot, w);
+      } else if (leader) {
+        ss.barrier_q[q_slot].arrive_and_expect_tx(Traits::kTmaBytesQ);
+        copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[q_slot]), 0), tQgQ, tQsQ);
+      }
+    };
     auto load_rab = [&](uint32_t i, int n) {
       if constexpr (kHstu) {
         if (p.rab == nullptr) return;
@@ -186,8 +189,17 @@ struct ForwardMainloopSm90 {
     // the block n.
     uint32_t i = loaded;
     int n = w.n_max - 1;
-    load_k(i, n);
-    load_rab(i, n);
+    if constexpr (Traits::kQueryStages == 1) {
+      // One Q slot frees only when the consumers have issued the previous tile's last Q K^T: the tile's first
+      // K (and rab) block goes first, so its load overlaps that wait instead of following it.
+      load_k(i, n);
+      load_rab(i, n);
+      load_q();
+    } else {
+      load_q();
+      load_k(i, n);
+      load_rab(i, n);
+    }
     for (int next = w.next_block(n); next >= w.n_min; n = next, next = w.next_block(n), ++i) {
       load_k(i + 1, next);
       load_rab(i + 1, next);

@@ -517,6 +517,24 @@ TEST_F(Sm90Forward, HstuSeveralTilesPerCta) {
   check_forward(cfg);
 }
 
+// The one-Q-slot kernels (softmax d 256, HSTU) with more tiles than SMs, small enough for compute-sanitizer:
+// the producer issues a tile's first K block, then waits for the Q slot the consumers free after their last
+// Q K^T of the tile before, and only then loads Q (racecheck: the slot's reuse against the last reads).
+TEST_F(Sm90Forward, SeveralTilesPerCtaSanitize) {
+  CaseConfig softmax = softmax_fixed(DType::kBFloat16, 1, 300, 300, 256, 40, 70);
+  softmax.causal = true;
+  if (auto_picks_sm90(softmax)) {
+    check_forward(softmax);
+  } else {
+    ADD_FAILURE() << "head dim 256: no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
+  }
+  std::vector<int32_t> lengths;
+  for (int i = 0; i < 70; ++i) lengths.push_back(i % 9 == 4 ? 0 : 16 + 8 * (i % 4));
+  CaseConfig jagged = hstu(DType::kBFloat16, lengths, 4, 128);
+  jagged.rab_heads = 1;
+  check_forward(jagged);
+}
+
 // Many targets: a query tile of target rows sees the history and its own groups only, so the kernel skips the
 // key blocks of the targets before them (Mask::key_hole): the producer does not load them and the consumers
 // walk the same shortened block sequence. Group sizes from one key to more than a block, with contexts, rab
