@@ -149,9 +149,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_tiles_kernel(con
   }
 }
 
+// Accumulator columns in logical order (the column order argument of convert_dq_rows_kernel).
+struct LogicalColumns {
+  __device__ static constexpr int physical(int c) { return c; }
+};
+
 // The sm90 backward's row-major accumulator (total_q, heads, kHeadDim): dq[g, h, c] = scale * the sum over
-// splits of dq_accum[split, g, h, c], in split order. A thread converts 4 consecutive columns of one (row, head).
-template <class Element, int kHeadDim>
+// splits of dq_accum[split, g, h, Columns::physical(c)], in split order (Columns: where the kernel left logical
+// column c; it keeps groups of 4 together). A thread converts 4 consecutive columns of one (row, head).
+template <class Element, int kHeadDim, class Columns = LogicalColumns>
 __global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const float* dq_accum,
                                        int64_t split_stride, int nsplit, float scale) {
   constexpr int kVec = 4;
@@ -163,9 +169,10 @@ __global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const f
   for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / kThreadsPerRow) + threadIdx.x / kThreadsPerRow; w < rows;
        w += rows_per_step) {
     if (c >= p.head_dim) continue;
-    float4 acc = *reinterpret_cast<const float4*>(dq_accum + w * kHeadDim + c);
+    const int pc = Columns::physical(c);
+    float4 acc = *reinterpret_cast<const float4*>(dq_accum + w * kHeadDim + pc);
     for (int s = 1; s < nsplit; ++s) {
-      const float4 part = *reinterpret_cast<const float4*>(dq_accum + s * split_stride + w * kHeadDim + c);
+      const float4 part = *reinterpret_cast<const float4*>(dq_accum + s * split_stride + w * kHeadDim + pc);
       acc.x += part.x;
       acc.y += part.y;
       acc.z += part.z;

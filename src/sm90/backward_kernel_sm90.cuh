@@ -409,7 +409,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       cutlass::arch::NamedBarrier::sync(
           Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1));
       typename Traits::TiledMmadQWarpGroup tiled_mma_dq_wg;
-      cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ(_, _, h));  // (MMA, MMA_M, MMA_N)
+      // The half's columns in dQWorkspaceColumns order (the swizzle comes with the data pointer).
+      cute::Tensor sdQ_half = cute::make_tensor(sdQ(_, _, h).data(),
+                                                composition(sdQ(_, _, h).layout(), typename Traits::dQStagingColumns{}));  // (kBlockM, kdQCols)
+      cute::Tensor tdQsdQ = tiled_mma_dq_wg.get_thread_slice(t % 128).partition_C(sdQ_half);  // (MMA, MMA_M, MMA_N)
       // Column pairs (c, c + 1), c even, share a 16-byte chunk of the swizzled tile: one 8-byte store each.
       CUTE_UNROLL
       for (int e = 0; e < size(tdQrdQ); e += 2) {

@@ -226,7 +226,9 @@ struct Sm90Backward {
     }
 
     if (p.total_q > 0) {
-      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim>
+      // The d 256 kernel adds dQ from its registers in logical order; the others through the staging tile.
+      using WorkspaceColumns = std::conditional_t<Traits::kdQAtomic, sm80_bwd::LogicalColumns, sm90::dQWorkspaceColumns>;
+      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim, WorkspaceColumns>
           <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
               p, dq_accum, int64_t(pl.dq_elems), 1, kHstu ? 1.0f : p.scale);
     }

@@ -48,6 +48,30 @@ enum class BwdBarrier : uint32_t {
   kdQFull1 = 7,      // the same for half 1
 };
 
+// The column order of the dQ staging tile and, since the TMA reduce-add copies the tile as it lies, of the fp32
+// dQ workspace: in each group of 32 columns, logical column 8 j + 4 k + c (c < 4, k < 2, j < 4) sits at column
+// 4 j + 16 k + c. A consumer thread stores two adjacent columns of rows r and r + 8 of each 8-column group j;
+// in logical order the 128-byte swizzle put rows r and r + 1 of a half-warp's 8-byte stores on the same two
+// 16-byte chunks (two-way bank conflicts: 34 M of the d 128 s 4k backward's 112 M shared-store wavefronts,
+// ncu); in this order the half-warp's four rows cover all 32 banks. convert_dq_rows_kernel reads the columns
+// back through `physical`.
+struct dQWorkspaceColumns {
+  CUTE_HOST_DEVICE static constexpr int physical(int c) {
+    return c / 32 * 32 + c % 32 / 8 * 4 + c % 8 / 4 * 16 + c % 4;
+  }
+  // The same map as a CuTe layout of a (rows, cols) tile into the (rows, cols) tile it is composed with.
+  template <int kRows, int kCols>
+  using Layout = cute::Layout<cute::Shape<cute::Int<kRows>, cute::Shape<cute::_4, cute::_2, cute::_4, cute::Int<kCols / 32>>>,
+                              cute::Stride<cute::_1, cute::Stride<cute::Int<kRows>, cute::Int<16 * kRows>,
+                                                                  cute::Int<4 * kRows>, cute::Int<32 * kRows>>>>;
+  template <int kRows, int kCols>
+  static constexpr bool agrees() {
+    for (int c = 0; c < kCols; ++c)
+      if (Layout<kRows, kCols>{}(0, c) != kRows * physical(c)) return false;
+    return true;
+  }
+};
+
 // The fp32 dQ staging tile of the kernels that reduce dQ by TMA; the d 256 kernel has none.
 template <bool kStaged, class ElementAccum, int kElems>
 struct BackwarddQStaging {};
@@ -170,11 +194,14 @@ struct BackwardTraitsSm90 {
       Layout<Shape<Int<kNumMmaThreads / kdKVChunksPerRow>, Int<kdKVChunksPerRow>>, Stride<Int<kdKVChunksPerRow>, _1>>{},
       Layout<Shape<_1, Int<16 / int(sizeof(Element))>>>{}));
 
-  // The dQ staging tile: (rows, columns of a half, half), 128-byte swizzled fp32 (conflict-free enough for the
-  // accumulator's column pairs); TMA adds each half into the fp32 dQ workspace.
+  // The dQ staging tile: (rows, columns of a half, half), 128-byte swizzled fp32, its columns in
+  // dQWorkspaceColumns order; TMA adds each half into the fp32 dQ workspace.
   static constexpr int kdQCols = kHeadDim / kNumMmaWarpGroups;
   using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{},
                                               Shape<Int<kBlockM>, Int<kdQCols>, Int<kNumMmaWarpGroups>>{}));
+  using dQStagingColumns = dQWorkspaceColumns::Layout<kBlockM, kdQCols>;
+  static_assert(kdQAtomic || (kdQCols % 32 == 0 && dQWorkspaceColumns::agrees<kBlockM, kdQCols>()),
+                "dQ staging column order: the layout and the convert kernel's map disagree");
   // One warpgroup's share of dQ = dS K: the register fragment of every consumer thread has this layout too.
   using TiledMmadQWarpGroup = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdQCols>, Int<kBlockN>>, GMMA::Major::K,

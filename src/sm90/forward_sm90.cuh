@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     if (Traits::kStoreOWithTma) cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
     if (Traits::kHstu && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
-    for (int s = 0; s < Traits::kQueryStages; ++s) ss.barrier_q[s].init(Traits::kPackGqa ? 32 : 1);
+    for (int s = 0; s < Traits::kMaxQuerySlots; ++s) ss.barrier_q[s].init(Traits::kPackGqa ? 32 : 1);
     TileHandoff<kNumMmaThreads>::init(ss.handoff);
   }
   typename PipelineKV::Params pipeline_params;
@@ -120,14 +120,25 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   PipelineKV pipeline_rab(ss.pipeline_rab, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();
 
+  // The Q slots of this launch and the slot and phase of the queries-th Q tile (tiles with work): HSTU without
+  // rab gets a second slot in a one-slot kernel (Traits::kSpareQuerySlot).
+  auto query_slots = [&]() -> uint32_t {
+    return Traits::kSpareQuerySlot && kp.params.rab == nullptr ? 2u : uint32_t(Traits::kQueryStages);
+  };
+  auto query_slot = [&](uint32_t queries) {
+    return Traits::kSpareQuerySlot ? int(queries & (query_slots() - 1)) : int(queries % Traits::kQueryStages);
+  };
+  auto query_phase = [&](uint32_t queries) {
+    return Traits::kSpareQuerySlot ? (queries >> (query_slots() - 1)) & 1 : (queries / Traits::kQueryStages) & 1;
+  };
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp_idx != 0) return;
     // The counters live across the tile loop, in as few registers as the warp's 24 allow (softmax d 256 spilled
     // two of them): `progress` holds the K/V blocks loaded so far above bit 0, the parity of the tiles handed
-    // over in bit 0; `queries` the Q tiles loaded so far (tiles with work), slot queries % kQueryStages. With one
+    // over in bit 0; `queries` the Q tiles loaded so far (tiles with work), slot query_slot(queries). With one
     // Q slot only whether a Q was loaded before matters, which the block count says (a tile with work loads
-    // blocks), and `queries` stays 0.
+    // blocks), and `queries` stays 0 (a kernel with a spare slot counts them: its launches without rab use two).
     uint32_t progress = 0;
     uint32_t queries = 0;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
@@ -136,9 +147,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       if (w.has_rows() && w.has_keys()) {
         const uint32_t loaded = progress >> 1;
         // A Q slot holds its last tile's Q until every consumer warpgroup finished that tile's last Q K^T.
-        const int q_slot = int(queries % Traits::kQueryStages);
-        const bool q_slot_used =
-            Traits::kQueryStages == 1 ? loaded > 0 : queries >= uint32_t(Traits::kQueryStages);
+        const int q_slot = query_slot(queries);
+        const bool q_slot_used = Traits::kSpareQuerySlot  ? queries >= query_slots()
+                                 : Traits::kQueryStages == 1 ? loaded > 0
+                                                             : queries >= uint32_t(Traits::kQueryStages);
         // One Q slot: the wait goes inside `load`, after the tile's first K block is issued. With two, it stays
         // here: inside `load` it cost the softmax d 128 kernels a 4-byte spill (the producer's 24 registers).
         auto wait_q_slot = [&]() {
@@ -151,7 +163,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const uint32_t now_loaded =
             Mainloop::load(kp, ss, pipeline_k, pipeline_v, pipeline_rab, loaded, q_slot, acquire_q_slot, w);
         progress = now_loaded << 1 | (progress & 1);
-        if constexpr (Traits::kQueryStages > 1) ++queries;
+        if constexpr (Traits::kQueryStages > 1 || Traits::kSpareQuerySlot) ++queries;
       }
       tile = TileHandoff<kNumMmaThreads>::producer_publish(kp.tile_counter, ss.handoff, kp.scheduler.num_tiles,
                                                            claimed, progress & 1);
@@ -175,8 +187,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         Epilogue::store_empty(kp, w, tid);
         continue;
       }
-      const int q_slot = int(queries % Traits::kQueryStages);
-      ss.barrier_q[q_slot].wait((queries / Traits::kQueryStages) & 1);
+      const int q_slot = query_slot(queries);
+      ss.barrier_q[q_slot].wait(query_phase(queries));
       // Packed GQA: the cp.async writes of Q (generic proxy), visible to this thread's wgmmas (async proxy).
       if constexpr (Traits::kPackGqa) cutlass::arch::fence_view_async_shared();
       ++queries;

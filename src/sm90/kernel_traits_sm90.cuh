@@ -219,6 +219,12 @@ struct ForwardTraitsSm90 {
       kBytesMain + kBlockM * kHeadDim * int(sizeof(Element)) + (kStoreOWithTma ? kBytesO : 0) + 1024 <= 227 * 1024
           ? 2
           : 1;
+  // HSTU calls without rab leave the rab ring unused: where the traits have one Q slot, its first kBlockM x d
+  // elements serve as a second (the kernel decides per launch, forward_kernel_sm90), so that the next tile's Q
+  // loads while the consumers finish this one instead of after their last Q K^T.
+  static constexpr bool kSpareQuerySlot =
+      kHstu && kQueryStages == 1 && cosize_v<SmemLayoutRab> >= cosize_v<SmemLayoutQ>;
+  static constexpr int kMaxQuerySlots = kQueryStages + (kSpareQuerySlot ? 1 : 0);
   static constexpr int kRowsPerWarpGroup = kBlockM / kNumMmaWarpGroups;
   // (rows of a warpgroup, d, warpgroup): each warpgroup's rows contiguous, one TMA box.
   using SmemLayoutO =
@@ -246,7 +252,7 @@ struct ForwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     RabStorage<kHstu, Element, SmemLayoutRab> rab;
     OStorage<kStoreOWithTma, Element, SmemLayoutO> o;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q[kQueryStages];
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q[kMaxQuerySlots];
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     alignas(16) typename PipelineKV::SharedStorage pipeline_v;
     alignas(16) typename PipelineKV::SharedStorage pipeline_rab;  // HSTU with rab only

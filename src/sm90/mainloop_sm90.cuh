@@ -100,6 +100,15 @@ struct ForwardMainloopSm90 {
     if (cute::elect_one_sync()) ring.empty_barrier_[read.state().index()].arrive();
   }
 
+  // The storage of Q slot `q_slot`: the slots of ss.q, then (Traits::kSpareQuerySlot) the unused rab ring.
+  CUTE_DEVICE static Element* query_slot_data(SharedStorage& ss, int q_slot) {
+    if constexpr (Traits::kSpareQuerySlot) {
+      return q_slot == 0 ? ss.q.data() : ss.rab.rab.data();
+    } else {
+      return ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>;
+    }
+  }
+
   // Global coordinate tensors of one tile: Q (kBlockM, kHeadDim) and K/V (kBlockN, kHeadDim, n_blocks).
   // Rows are offset to the sequence start; TMA zero-fills past the tensor's end, varlen rows past the
   // sequence's end read the next sequence and are masked (K) or never stored (Q). The rab tile of block n
@@ -129,7 +138,7 @@ struct ForwardMainloopSm90 {
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
     cute::Tensor gV = local_tile(domain_offset(make_coord(int(w.seq.k_start), _0{}), mV(_, _, kv_head, batch)),
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, kHeadDim, n)
-    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>),
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(query_slot_data(ss, q_slot)),
                                        typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, kHeadDim, kStages)
     cute::Tensor sV = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, kHeadDim, kStages)
@@ -219,7 +228,7 @@ struct ForwardMainloopSm90 {
     static_assert((kBlockM * kChunksPerRow) % 32 == 0);
     const detail::Params& p = kp.params;
     const int g = kp.heads_per_kv;
-    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(ss.q.data() + q_slot * cosize_v<typename Traits::SmemLayoutQ>),
+    cute::Tensor sQ = cute::make_tensor(make_smem_ptr(query_slot_data(ss, q_slot)),
                                        typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
     Element const* q = static_cast<Element const*>(p.q.ptr);
     const int lane = int(threadIdx.x % 32);
@@ -251,7 +260,7 @@ struct ForwardMainloopSm90 {
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(tid);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tid);
     cute::Tensor sQ = cute::make_tensor(
-        make_smem_ptr(ss.q.data() + uniform_slot(q_slot) * cosize_v<typename Traits::SmemLayoutQ>),
+        make_smem_ptr(query_slot_data(ss, uniform_slot(q_slot))),
         typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
     cute::Tensor sVt = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)

@@ -507,19 +507,22 @@ TEST_F(Sm90Forward, HstuLong) {
   check_forward(cfg);
 }
 
-// More tiles than SMs (about 300) with rab: several tiles per CTA through the dynamic handoff, one Q slot at d 128
-// (the next tile's Q waits for the last Q K^T of this one).
+// More tiles than SMs (about 300): several tiles per CTA through the dynamic handoff. With rab one Q slot at
+// d 128 (the next tile's Q waits for the last Q K^T of this one); without rab the rab ring's storage is a second
+// slot (Traits::kSpareQuerySlot), used in turns, at d 64 and d 128.
 TEST_F(Sm90Forward, HstuSeveralTilesPerCta) {
   std::vector<int32_t> lengths;
   for (int i = 0; i < 50; ++i) lengths.push_back(i % 9 == 4 ? 0 : 128 + 40 * (i % 3));
   CaseConfig cfg = hstu(DType::kBFloat16, lengths, 4, 128);
   cfg.rab_heads = 1;
   check_forward(cfg);
+  for (int64_t d : {64, 128}) check_forward(hstu(DType::kBFloat16, lengths, 4, d));
 }
 
 // The one-Q-slot kernels (softmax d 256, HSTU) with more tiles than SMs, small enough for compute-sanitizer:
 // the producer issues a tile's first K block, then waits for the Q slot the consumers free after their last
-// Q K^T of the tile before, and only then loads Q (racecheck: the slot's reuse against the last reads).
+// Q K^T of the tile before, and only then loads Q (racecheck: the slot's reuse against the last reads); HSTU
+// without rab with its second slot in the rab ring.
 TEST_F(Sm90Forward, SeveralTilesPerCtaSanitize) {
   CaseConfig softmax = softmax_fixed(DType::kBFloat16, 1, 300, 300, 256, 40, 70);
   softmax.causal = true;
@@ -531,6 +534,7 @@ TEST_F(Sm90Forward, SeveralTilesPerCtaSanitize) {
   std::vector<int32_t> lengths;
   for (int i = 0; i < 70; ++i) lengths.push_back(i % 9 == 4 ? 0 : 16 + 8 * (i % 4));
   CaseConfig jagged = hstu(DType::kBFloat16, lengths, 4, 128);
+  check_forward(jagged);  // two Q slots: the second in the unused rab ring
   jagged.rab_heads = 1;
   check_forward(jagged);
 }
