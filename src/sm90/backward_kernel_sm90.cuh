@@ -71,37 +71,16 @@ CUTE_DEVICE void query_blocks(detail::Mask const& mask, int64_t n0, int& m_begin
   m_end = rows.empty() ? 0 : int((rows.end + kBlockM - 1) / kBlockM);
 }
 
-// The query blocks m whose tile (rows [m kBlockM, (m + 1) kBlockM), keys [n0, n0 + kBlockN)) a window mask (no
-// contextual or target rows) shows whole, i.e. tile_fully_visible: one contiguous range [m_begin, m_end), empty
-// where m_begin >= m_end. Rows r = i + off see [r - left, r + right]: the first row of the block bounds the right
-// edge, the last row the left edge.
-template <int kBlockM, int kBlockN>
-CUTE_HOST_DEVICE void full_query_blocks(detail::Mask const& mask, int64_t n0, int& m_begin, int& m_end) {
-  auto floor_div = [](int64_t x) { return x >= 0 ? x / kBlockM : -((kBlockM - 1 - x) / kBlockM); };
-  int64_t lo = 0, hi = mask.sq / kBlockM;  // whole blocks inside the sequence's rows
-  if (n0 + kBlockN > mask.sk) hi = 0;       // the key block reaches past the keys
-  // right: m kBlockM + off + right >= n0 + kBlockN - 1
-  if (mask.right >= 0) lo = detail::max64(lo, -floor_div(mask.off + mask.right + 1 - n0 - kBlockN));
-  // left: m kBlockM + kBlockM - 1 + off - left <= n0
-  if (mask.left >= 0) hi = detail::min64(hi, floor_div(n0 + mask.left + 1 - mask.off - kBlockM) + 1);
-  m_begin = int(lo);
-  m_end = int(detail::max64(hi, lo));
-}
-
 // The (query head, query block) of each step, head-major, as the producer, the dQ writers and the consumers walk
-// the steps. Softmax (kRunning) moves a cursor: a division and a remainder per step were a visible part of the
-// step head. HSTU divides the step index at each step: a cursor kept live across its loop body spilled at d 128
-// and cost it 8-10% (H100).
-template <bool kRunning>
-struct StepWalk;
-template <>
-struct StepWalk<true> {
+// the steps, by a cursor (a division and a remainder per step were a visible part of the step head). Softmax
+// walks every query head of the kv head; HSTU has one (h_k == h, hstu_tma_refusal), so its step is the query
+// block alone (the two-level cursor spilled in the HSTU d 128 consumers).
+struct HeadsStepWalk {
   int head, m, m_begin, m_end, head_end;
-  CUTE_DEVICE StepWalk(int head0, int heads, int m_begin_, int m_end_)
+  CUTE_DEVICE HeadsStepWalk(int head0, int heads, int m_begin_, int m_end_)
       : head(head0), m(m_begin_), m_begin(m_begin_), m_end(m_end_),
         head_end(m_begin_ < m_end_ ? head0 + heads : head0) {}
   CUTE_DEVICE bool more() const { return head < head_end; }
-  CUTE_DEVICE void locate() {}
   CUTE_DEVICE void next() {
     if (++m == m_end) {
       m = m_begin;
@@ -109,17 +88,11 @@ struct StepWalk<true> {
     }
   }
 };
-template <>
-struct StepWalk<false> {
-  int head, m, m_begin, m_count, head0, step = 0, steps;
-  CUTE_DEVICE StepWalk(int head0_, int heads, int m_begin_, int m_end_)
-      : m_begin(m_begin_), m_count(m_end_ - m_begin_), head0(head0_), steps((m_end_ - m_begin_) * heads) {}
-  CUTE_DEVICE bool more() const { return step < steps; }
-  CUTE_DEVICE void locate() {
-    head = head0 + step / m_count;
-    m = m_begin + step % m_count;
-  }
-  CUTE_DEVICE void next() { ++step; }
+struct OneHeadStepWalk {
+  int head, m, m_end;
+  CUTE_DEVICE OneHeadStepWalk(int head0, int m_begin, int m_end_) : head(head0), m(m_begin), m_end(m_end_) {}
+  CUTE_DEVICE bool more() const { return m < m_end; }
+  CUTE_DEVICE void next() { ++m; }
 };
 
 template <class Traits>
@@ -168,7 +141,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   int m_begin, m_end;
   query_blocks<kBlockM, kBlockN>(mask, n0, m_begin, m_end);
   const int head0 = kv_head * kp.heads_per_kv;  // the first query head of the kv head
-  using Walk = StepWalk<!Traits::kHstu>;
+  auto walk_steps = [&]() {
+    if constexpr (Traits::kHstu) {
+      return OneHeadStepWalk(head0, m_begin, m_end);
+    } else {
+      return HeadsStepWalk(head0, kp.heads_per_kv, m_begin, m_end);
+    }
+  };
   // Whether query block m sees the key block under `mk` (this sequence's mask). The row range is exact for
   // windows (always true there); HSTU's contextual and target masks leave blocks inside it that see nothing
   // (key_range, key_hole).
@@ -229,8 +208,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
         cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
         const bool writer = cute::elect_one_sync();
-        for (Walk walk(head0, kp.heads_per_kv, m_begin, m_end); walk.more(); walk.next()) {
-          walk.locate();
+        for (auto walk = walk_steps(); walk.more(); walk.next()) {
           const int head = walk.head, m = walk.m;
           if (!block_visible(step_mask(), m)) continue;
           cutlass::arch::NamedBarrier::arrive(Traits::kdQWriterThreads, empty);
@@ -272,8 +250,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(v_part), get<1>(v_part));
     }
     int issued = 0;
-    for (Walk walk(head0, kp.heads_per_kv, m_begin, m_end); walk.more(); walk.next()) {
-      walk.locate();
+    for (auto walk = walk_steps(); walk.more(); walk.next()) {
       const int head = walk.head, m = walk.m;
       const detail::SequenceInfo sinfo = step_seq();
       if (!block_visible(step_mask(), m)) continue;
@@ -391,11 +368,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     const bool softcap = p.softcap > 0.0f;
     const int dq_row_base = int(p.varlen ? seq.q_start : int64_t(bi) * p.seqlen_q);
 
-    // Softmax windows, d <= 128: the query blocks whose tile needs no element mask, found once (at d 256 the
-    // range kept live across the loop spilled; it asks the mask per step there).
-    constexpr bool kFullRange = !Traits::kHstu && kHeadDim <= 128;
+    // d <= 128: the query blocks whose tile needs no element mask, found once (at d 256 the range kept live
+    // across the loop spilled; it asks the mask per step there). Exact for softmax windows; for HSTU a subset
+    // (fully_visible_query_blocks), whose steps skip the per-step mask entirely.
+    constexpr bool kFullRange = kHeadDim <= 128;
     int full_begin = 0, full_end = 0;
-    if constexpr (kFullRange) full_query_blocks<kBlockM, kBlockN>(mask, n0, full_begin, full_end);
+    if constexpr (kFullRange) {
+      const detail::Range full = detail::fully_visible_query_blocks(mask, n0, kBlockM, kBlockN);
+      full_begin = int(full.begin);
+      full_end = int(full.end);
+    }
 
     // dQ columns of one warpgroup's share (a one-warpgroup dQ fragment) into staging half h: written once the
     // half's writer warp hands it over (its previous reduce-add has read it), then handed back to it for this
@@ -431,17 +413,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     ss.barrier_kv.wait(0);
     PipelineState read;
-    for (Walk walk(head0, kp.heads_per_kv, m_begin, m_end); walk.more(); walk.next()) {
-      walk.locate();
+    for (auto walk = walk_steps(); walk.more(); walk.next()) {
       const int head = walk.head, m = walk.m;
       const int64_t m0 = int64_t(m) * kBlockM;
-      bool full_tile;
+      bool full_tile = kFullRange && m >= full_begin && m < full_end;
       Visibility visible = ~Visibility(0);  // HSTU: bit r * kCols + c set where value (r, c) of the thread is visible
-      {
+      if (!full_tile) {
+        // Softmax with the range: a window edge tile. Otherwise ask the mask (HSTU: whether the block is seen at
+        // all, and which of the thread's values are).
         const detail::Mask mk = step_mask();
         if (!block_visible(mk, m)) continue;
-        full_tile = kFullRange ? m >= full_begin && m < full_end
-                               : mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+        if constexpr (Traits::kHstu || !kFullRange) full_tile = mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
         if constexpr (Traits::kHstu) {
           static_assert(kRows * kCols <= 8 * sizeof(Visibility), "one visibility bit per accumulator value");
           if (!full_tile) {

@@ -178,6 +178,28 @@ CUTEATTN_HD void fully_visible_blocks(const Mask& m, int64_t i0, int64_t i1, int
   *second = above;
 }
 
+// The query blocks q (rows [q * bm, (q + 1) * bm)) whose tile with keys [j0, j0 + bn) tile_fully_visible accepts,
+// as one range of block indices (empty where begin >= end): exact for window masks; a subset with contextual or
+// target rows, leaving out tiles that hold contextual rows, and tiles that hold target rows where the keys reach
+// past hist (a kernel masks those per element). The plain rows follow the window: the first row of a tile bounds
+// its right edge, the last row its left edge (for target rows inside the tile, which see all of [j0, j0 + bn)
+// when it lies below hist, the last-row bound only narrows the range).
+CUTEATTN_HD Range fully_visible_query_blocks(const Mask& m, int64_t j0, int64_t bm, int64_t bn) {
+  const int64_t j1 = j0 + bn;
+  if (j0 < 0 || j1 > m.sk) return {0, 0};
+  auto floor_div = [bm](int64_t x) { return x >= 0 ? x / bm : -((bm - 1 - x) / bm); };
+  int64_t lo = 0, hi = m.sq / bm;  // whole blocks inside the rows
+  // right: q bm + off + right >= j1 - 1; left: q bm + bm - 1 + off - left <= j0.
+  if (m.right >= 0) lo = max64(lo, -floor_div(m.off + m.right + 1 - j1));
+  if (m.left >= 0) hi = min64(hi, floor_div(j0 + m.left + 1 - m.off - bm) + 1);
+  // Contextual rows are [0, min(n_ctx, hist)): the first row past them.
+  const int64_t ctx_end = min64(m.n_ctx, m.hist);
+  if (ctx_end > 0) lo = max64(lo, -floor_div(m.off - ctx_end));
+  // Keys past hist: the last row below hist.
+  if (j1 > m.hist) hi = min64(hi, floor_div(m.hist - m.off - bm) + 1);
+  return {lo, max64(hi, lo)};
+}
+
 // The keys visible to row i as the union of two ranges (`second` is empty except for target rows), so a
 // kernel masks a tile row with interval tests instead of calling visible() per element.
 // For every j: visible(i, j) == (j in first || j in second).

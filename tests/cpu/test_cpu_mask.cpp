@@ -1,8 +1,9 @@
 // The shared mask policy (src/variants/mask.h) against the oracle's independent visibility rule: Mask::visible
 // agrees everywhere, key_range / row_range contain every visible pair, key_hole holds no visible pair, and
 // tile_fully_visible never answers true for a tile holding an invisible pair, fully_visible_blocks lists exactly
-// the blocks tile_fully_visible accepts; for window-only masks Window32 (key ranges and full blocks in 32 bits,
-// bounds normalised against exact and larger limits) and WindowSpans agree with them.
+// the blocks tile_fully_visible accepts, fully_visible_query_blocks a subset of the query blocks it accepts
+// (exactly those for windows); for window-only masks Window32 (key ranges and full blocks in 32 bits, bounds
+// normalised against exact and larger limits) and WindowSpans agree with them.
 // Random small sequences, every mask kind, many tile shapes.
 #include <algorithm>
 #include <random>
@@ -164,6 +165,20 @@ void check_policy(Kind kind, int trials) {
         for (int64_t j0 = start; j0 < sk; j0 += bm) {
           const int64_t j1 = std::min(j0 + bm, sk);
           const Range rows = m.row_range(j0, j1);
+          for (int64_t bq : {1, 3, 8, 16}) {
+            const Range full = detail::fully_visible_query_blocks(m, j0, bq, bm);
+            for (int64_t q = 0; q * bq < sq + 2 * bq; ++q) {
+              const bool listed = full.begin <= q && q < full.end;
+              const bool accepted = m.tile_fully_visible(q * bq, (q + 1) * bq, j0, j0 + bm);
+              if (window_only) {
+                ASSERT_EQ(listed, accepted) << "fully_visible_query_blocks(" << j0 << ", " << bq << ", " << bm
+                                            << ") = [" << full.begin << ", " << full.end << ") at block " << q;
+              } else if (listed) {
+                ASSERT_TRUE(accepted) << "fully_visible_query_blocks(" << j0 << ", " << bq << ", " << bm << ") = ["
+                                      << full.begin << ", " << full.end << ") lists block " << q;
+              }
+            }
+          }
           for (int64_t i = 0; i < sq; ++i)
             for (int64_t j = j0; j < j1; ++j)
               if (vis[i * sk + j]) {
