@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     };
 
     const HstuPointwise hstu(p);
-    const float dprob_scale = p.alpha * p.inv_scaling_seqlen;
+    const float half_dprob_scale = 0.5f * p.alpha * p.inv_scaling_seqlen;
     const bool drab_store = Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr;
 
     ss.barrier_kv.wait(0);
@@ -563,14 +563,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
         cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
         cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());                     // (MMA, MMA_M, MMA_N)
-        // HSTU: sigmoid(alpha u), rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP
-        // accumulators spilled at d 128).
-        cute::Tensor rSg = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+        // HSTU: dP/du, rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP accumulators
+        // spilled at d 128).
+        cute::Tensor rDp = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
         if constexpr (Traits::kHstu) {
-          // u = qk + rab: P = silu(alpha u) / scaling into rP and sigmoid(alpha u) = (1 + tanh(alpha u / 2)) / 2
-          // into rSg (one MUFU operation per element), both 0 where masked; dS is formed from them below.
+          // u = qk + rab, s = alpha u, t = tanh(s / 2) (one MUFU operation per element), sigmoid(s) = (1 + t) / 2:
+          // P = silu(s) / scaling = u alpha / 2 (1 + t) / scaling into rP, and dP/du = alpha dsilu(s) / scaling
+          // = alpha / scaling (sigmoid(s) + s sigmoid(s) (1 - sigmoid(s))) = alpha / scaling (1 + t) / 2
+          // (1 + s (1 - t) / 2) into rDp, both 0 where masked; dS = dP dP/du below.
           cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));     // (rows, cols)
-          cute::Tensor sg_rc = cute::make_tensor(rSg.data(), acc_rowcol(rSg.layout()));  // (rows, cols)
+          cute::Tensor dp_du_rc = cute::make_tensor(rDp.data(), acc_rowcol(rDp.layout()));  // (rows, cols)
           // Column pairs (c, c + 1) are adjacent values of a fragment: one packed conversion each.
           using Pair = cutlass::Array<Element, 2>;
           cutlass::NumericArrayConverter<Element, float, 2> convert_pair;
@@ -578,17 +580,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int r = 0; r < kRows; ++r) {
             CUTE_UNROLL
             for (int c = 0; c < kCols; c += 2) {
-              cutlass::Array<float, 2> prob, sg;
+              cutlass::Array<float, 2> prob, dp_du;
               CUTE_UNROLL
               for (int e = 0; e < 2; ++e) {
                 const float u = s_rc(r, c + e);
-                const float t = tanh_approx(u * hstu.half_alpha);
+                const float half_s = u * hstu.half_alpha;
+                const float t = tanh_approx(half_s);
                 const float h = u * hstu.half_scale;
                 prob[e] = fmaf(h, t, h);
-                sg[e] = fmaf(0.5f, t, 0.5f);
+                // alpha / scaling (1 + t) / 2 times (1 + s / 2 - t s / 2)
+                dp_du[e] = fmaf(half_dprob_scale, t, half_dprob_scale) * fmaf(-half_s, t, 1.0f + half_s);
               }
               *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
-              *reinterpret_cast<Pair*>(&sg_rc(r, c)) = convert_pair(sg);
+              *reinterpret_cast<Pair*>(&dp_du_rc(r, c)) = convert_pair(dp_du);
             }
           }
           if (!full_tile) {
@@ -598,7 +602,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
               for (int c = 0; c < kCols; ++c) {
                 if (!((visible >> (r * kCols + c)) & 1u)) {
                   p_rc(r, c) = static_cast<Element>(0.0f);
-                  sg_rc(r, c) = static_cast<Element>(0.0f);
+                  dp_du_rc(r, c) = static_cast<Element>(0.0f);
                 }
               }
             }
@@ -616,13 +620,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         warpgroup_wait<1>();
         cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
         if constexpr (Traits::kHstu) {
-          // dS = dP * dP/du, dP/du = alpha dsilu(alpha u) / scaling = alpha (sg / scaling + P (1 - sg)), sg the
-          // sigmoid, P as rounded for dV (0 where masked, like sg).
+          // dS = dP dP/du (0 where masked).
           CUTE_UNROLL
-          for (int e = 0; e < size(tdPrdP); ++e) {
-            const float ap = p.alpha * static_cast<float>(rP(e));
-            tdPrdP(e) *= fmaf(static_cast<float>(rSg(e)), dprob_scale - ap, ap);
-          }
+          for (int e = 0; e < size(tdPrdP); ++e) tdPrdP(e) *= static_cast<float>(rDp(e));
           if (kp.drab_accum != nullptr) {
             // One rab head for several query heads: fp32 column pairs added into the (b, max_sk, drab_ld) sums,
             // rows inside the sequence's queries and columns inside its keys (the buffer's zeroed part).
