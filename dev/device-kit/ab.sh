@@ -10,6 +10,7 @@ G[bwd128]="--kind fa --backend sm90 --directions bwd --d 128 --seqlen 1024,4096,
 G[bwd128c]="--kind fa --backend sm90 --directions bwd --d 128 --causal --seqlen 1024,4096,16384 --peers cuteattn,sdpa-cudnn"
 G[bwd256]="--kind fa --backend sm90 --directions bwd --d 256 --seqlen 1024,4096 --peers cuteattn,sdpa-cudnn"
 G[hstu]="--kind hstu --dense --d 128 --backend sm90 --directions fwd,bwd --seqlen 2048,4096,16384 --peers cuteattn"
+G[hstuj]="--kind hstu --d 128 --backend sm90 --directions fwd,bwd --seqlen 1024,2048,4096 --peers cuteattn"
 G[sfwd256]="--kind fa --backend sm90 --directions fwd --d 256 --no-causal --seqlen 512,1024,2048 --peers cuteattn,sdpa-cudnn"
 G[sfwd256c]="--kind fa --backend sm90 --directions fwd --d 256 --causal --seqlen 512,1024,2048 --peers cuteattn,sdpa-cudnn"
 G[hstufwd]="--kind hstu --dense --d 128 --backend sm90 --directions fwd --seqlen 2048,4096,16384 --peers cuteattn"

@@ -8,6 +8,7 @@
 // copy and a synchronisation cannot be captured), so a captured call trusts the contents.
 // Alignment (16 bytes for data pointers and for the batch/row/head strides, so 128-bit vector loads are
 // legal) is a GPU requirement and is checked for CUDA tensors only; the CPU backends need no alignment.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -460,9 +461,38 @@ struct Int32Read {
   std::vector<int32_t>* out;
 };
 
-// Copies int32 vectors to the host, for a CUDA problem with one stream synchronisation for all of them. Sets
-// *available = false when device contents cannot be read now (the stream is being captured into a graph, or no
-// CUDA in this build).
+#if CUTEATTN_WITH_CUDA
+// Page-locked host memory for the device reads of one thread, grown as needed: a copy into pageable memory
+// blocks the host until it is done (one round trip per vector: ~40 us of GPU idle time per varlen call, H100),
+// copies into page-locked memory queue up and one stream synchronisation waits for them all.
+class PinnedStaging {
+ public:
+  ~PinnedStaging() {
+    if (data_ != nullptr) cudaFreeHost(data_);  // at thread exit; the CUDA runtime may be gone at process exit
+  }
+  // Room for n values, or nullptr (the allocation's error in *err).
+  int32_t* reserve(size_t n, cudaError_t* err) {
+    *err = cudaSuccess;
+    if (n <= capacity_) return data_;
+    const size_t grown = std::max(n, 2 * capacity_);
+    void* fresh = nullptr;
+    *err = cudaMallocHost(&fresh, grown * sizeof(int32_t));
+    if (*err != cudaSuccess) return nullptr;
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = static_cast<int32_t*>(fresh);
+    capacity_ = grown;
+    return data_;
+  }
+
+ private:
+  int32_t* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+#endif
+
+// Copies int32 vectors to the host, for a CUDA problem through page-locked staging with one stream
+// synchronisation for all of them. Sets *available = false when device contents cannot be read now (the stream
+// is being captured into a graph, or no CUDA in this build).
 Status read_int32s(const Problem& p, std::initializer_list<Int32Read> reads, bool* available) {
   *available = true;
   for (const Int32Read& r : reads) r.out->resize(r.tensor->defined() ? static_cast<size_t>(r.tensor->shape[0]) : 0);
@@ -482,14 +512,27 @@ Status read_int32s(const Problem& p, std::initializer_list<Int32Read> reads, boo
     *available = false;
     return Status::Ok();
   }
+  size_t total = 0;
+  for (const Int32Read& r : reads) total += r.out->size();
+  if (total == 0) return Status::Ok();
+  thread_local PinnedStaging staging;
+  cudaError_t err = cudaSuccess;
+  int32_t* host = staging.reserve(total, &err);
+  if (host == nullptr) return cuda_failure(reads.begin()->name, "allocating page-locked host memory failed", err);
+  size_t offset = 0;
   for (const Int32Read& r : reads) {
     if (r.out->empty()) continue;
-    const cudaError_t err =
-        cudaMemcpyAsync(r.out->data(), r.tensor->data, r.out->size() * sizeof(int32_t), cudaMemcpyDefault, stream);
+    err = cudaMemcpyAsync(host + offset, r.tensor->data, r.out->size() * sizeof(int32_t), cudaMemcpyDefault, stream);
     if (err != cudaSuccess) return cuda_failure(r.name, "copying the contents to the host failed", err);
+    offset += r.out->size();
   }
-  const cudaError_t err = cudaStreamSynchronize(stream);
+  err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return cuda_failure(reads.begin()->name, "copying the contents to the host failed", err);
+  offset = 0;
+  for (const Int32Read& r : reads) {
+    std::copy(host + offset, host + offset + r.out->size(), r.out->begin());
+    offset += r.out->size();
+  }
   return Status::Ok();
 #else
   *available = false;

@@ -20,6 +20,9 @@ struct Range {
 
 CUTEATTN_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 CUTEATTN_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+// Floor and ceiling of x / d for d > 0, x of either sign.
+CUTEATTN_HD int64_t floor_div64(int64_t x, int64_t d) { return x >= 0 ? x / d : -((d - 1 - x) / d); }
+CUTEATTN_HD int64_t ceil_div64(int64_t x, int64_t d) { return -floor_div64(-x, d); }
 
 struct Mask {
   int64_t sq = 0, sk = 0, off = 0;
@@ -152,28 +155,26 @@ CUTEATTN_HD void fully_visible_blocks(const Mask& m, int64_t i0, int64_t i1, int
   *first = {0, 0};
   *second = {0, 0};
   if (i0 < 0 || i1 > m.sq || i0 >= i1) return;
-  auto floor_div = [block](int64_t x) { return x >= 0 ? x / block : -((block - 1 - x) / block); };
-  auto ceil_div = [&](int64_t x) { return -floor_div(-x); };
   const int64_t r0 = i0 + m.off, r1 = i1 - 1 + m.off;
   // Blocks inside [0, sk) that every plain (window-following) row of the tile sees whole.
-  Range all = {0, floor_div(m.sk)};
+  Range all = {0, floor_div64(m.sk, block)};
   const int64_t plain_hi = min64(r1, m.hist - 1);
   const int64_t a = (r0 < 0 || m.n_ctx <= 0) ? r0 : max64(r0, m.n_ctx);
   const int64_t b = (m.n_ctx <= 0 || plain_hi >= m.n_ctx) ? plain_hi : min64(plain_hi, -1);
   if (a <= b) {
-    if (m.right >= 0) all.end = min64(all.end, floor_div(a + m.right + 1));
-    if (m.left >= 0) all.begin = max64(all.begin, ceil_div(b - m.left));
+    if (m.right >= 0) all.end = min64(all.end, floor_div64(a + m.right + 1, block));
+    if (m.left >= 0) all.begin = max64(all.begin, ceil_div64(b - m.left, block));
   }
-  const int64_t hist_block = floor_div(m.hist);  // blocks from here on hold keys >= hist
+  const int64_t hist_block = floor_div64(m.hist, block);  // blocks from here on hold keys >= hist
   *first = {all.begin, min64(all.end, hist_block)};
   // Contextual rows see no key >= hist.
   if (max64(r0, 0) <= min64(min64(r1, m.n_ctx - 1), m.hist - 1)) return;
   Range above = {max64(all.begin, hist_block), all.end};
   const int64_t ta = max64(r0, m.hist);  // target rows [ta, r1] see [group_start(r), r] above hist
   if (ta <= r1) {
-    above.end = min64(above.end, floor_div(ta + 1));
+    above.end = min64(above.end, floor_div64(ta + 1, block));
     const int64_t g = m.group_start(r1);
-    if (g != m.hist) above.begin = max64(above.begin, ceil_div(g));
+    if (g != m.hist) above.begin = max64(above.begin, ceil_div64(g, block));
   }
   *second = above;
 }
@@ -187,16 +188,15 @@ CUTEATTN_HD void fully_visible_blocks(const Mask& m, int64_t i0, int64_t i1, int
 CUTEATTN_HD Range fully_visible_query_blocks(const Mask& m, int64_t j0, int64_t bm, int64_t bn) {
   const int64_t j1 = j0 + bn;
   if (j0 < 0 || j1 > m.sk) return {0, 0};
-  auto floor_div = [bm](int64_t x) { return x >= 0 ? x / bm : -((bm - 1 - x) / bm); };
   int64_t lo = 0, hi = m.sq / bm;  // whole blocks inside the rows
   // right: q bm + off + right >= j1 - 1; left: q bm + bm - 1 + off - left <= j0.
-  if (m.right >= 0) lo = max64(lo, -floor_div(m.off + m.right + 1 - j1));
-  if (m.left >= 0) hi = min64(hi, floor_div(j0 + m.left + 1 - m.off - bm) + 1);
+  if (m.right >= 0) lo = max64(lo, ceil_div64(j1 - 1 - m.off - m.right, bm));
+  if (m.left >= 0) hi = min64(hi, floor_div64(j0 + m.left + 1 - m.off - bm, bm) + 1);
   // Contextual rows are [0, min(n_ctx, hist)): the first row past them.
   const int64_t ctx_end = min64(m.n_ctx, m.hist);
-  if (ctx_end > 0) lo = max64(lo, -floor_div(m.off - ctx_end));
+  if (ctx_end > 0) lo = max64(lo, ceil_div64(ctx_end - m.off, bm));
   // Keys past hist: the last row below hist.
-  if (j1 > m.hist) hi = min64(hi, floor_div(m.hist - m.off - bm) + 1);
+  if (j1 > m.hist) hi = min64(hi, floor_div64(m.hist - m.off - bm, bm) + 1);
   return {lo, max64(hi, lo)};
 }
 

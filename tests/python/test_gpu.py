@@ -60,6 +60,35 @@ def test_flash_varlen_gpu(dtype, mask):
                 **MASKS[mask])  # fmt: skip
 
 
+def test_device_contents_refused_gpu():
+    """cu_seqlens / num_targets / num_contexts on the GPU are read back (through page-locked staging that grows
+    with the batch) and checked before any launch: each bad content is refused naming its argument, and a good
+    call after the refusals, with the staging grown (3000 sequences), forward and backward, passes the
+    tolerance rule."""
+    torch.manual_seed(5)
+    q, k = randn(10, 2, 64, dtype=torch.bfloat16, device=CUDA), randn(10, 2, 64, dtype=torch.bfloat16, device=CUDA)
+    fv, hs = cuteattn.flash_attn_varlen_func, cuteattn.hstu_attn_varlen_func
+    cu = cu_seqlens([4, 6], CUDA)
+    bad = [
+        (lambda: fv(q, k, k, torch.tensor([0, 7, 5, 10], dtype=torch.int32, device=CUDA), cu_seqlens([3, 2, 5], CUDA),
+                    8, 8), "cu_seqlens_q"),  # fmt: skip
+        (lambda: fv(q, k, k, cu_seqlens([4, 5], CUDA), cu, 6, 6), "cu_seqlens_q"),
+        (lambda: fv(q, k, k, cu, cu, 6, 5), "cu_seqlens_k"),
+        (lambda: hs(q, k, k, cu, cu, 6, 6, num_targets=torch.tensor([1, 7], dtype=torch.int32, device=CUDA)),
+         "num_targets"),  # fmt: skip
+        (lambda: hs(q, k, k, cu, cu, 6, 6, num_contexts=torch.tensor([3, 4], dtype=torch.int32, device=CUDA),
+                    num_targets=torch.tensor([1, 3], dtype=torch.int32, device=CUDA)), "num_contexts"),  # fmt: skip
+    ]
+    for call, argument in bad:
+        with pytest.raises(ValueError, match=rf"^{argument}\b"):
+            call()
+    lens = [int(n) for n in torch.randint(0, 9, (3000,))]
+    qs, ks, vs = (randn(sum(lens), 2, 64, dtype=torch.bfloat16, device=CUDA) for _ in range(3))
+    targets = torch.tensor([min(n, 1) for n in lens], dtype=torch.int32, device=CUDA)
+    cus = cu_seqlens(lens, CUDA)
+    check_hstu(qs, ks, vs, cus, cus, max(lens), max(lens), num_targets=targets, alpha=1.0 / 64)
+
+
 HSTU_MASKS = {
     "causal": {},
     "none": {"causal": False},
