@@ -3,7 +3,8 @@
 // tile_fully_visible never answers true for a tile holding an invisible pair, fully_visible_blocks lists exactly
 // the blocks tile_fully_visible accepts, fully_visible_query_blocks a subset of the query blocks it accepts
 // (exactly those for windows); for window-only masks Window32 (key ranges and full blocks in 32 bits, bounds
-// normalised against exact and larger limits) and WindowSpans agree with them.
+// normalised against exact and larger limits) and WindowSpans agree with them; floor_div64 / ceil_div64 round
+// correctly.
 // Random small sequences, every mask kind, many tile shapes.
 #include <algorithm>
 #include <random>
@@ -202,6 +203,22 @@ void check_policy(Kind kind, int trials) {
     EXPECT_TRUE(m.key_range(sq, sq + 4).empty());
     EXPECT_TRUE(m.row_range(sk, sk + 4).empty());
     EXPECT_FALSE(m.tile_fully_visible(0, sq + 1, 0, sk));
+  }
+}
+
+// floor_div64 / ceil_div64 (the block bounds of fully_visible_blocks and fully_visible_query_blocks) round toward
+// minus / plus infinity for either sign of x, also far from zero.
+TEST(MaskPolicy, FloorAndCeilDivision) {
+  for (int64_t d = 1; d <= 9; ++d) {
+    for (int64_t base : {int64_t(0), int64_t(1) << 40, -(int64_t(1) << 40)}) {
+      for (int64_t x = base - 60; x <= base + 60; ++x) {
+        int64_t down = x / d, up = x / d;  // C++ division truncates toward zero
+        if (down * d > x) --down;
+        if (up * d < x) ++up;
+        EXPECT_EQ(detail::floor_div64(x, d), down) << x << " / " << d;
+        EXPECT_EQ(detail::ceil_div64(x, d), up) << x << " / " << d;
+      }
+    }
   }
 }
 
