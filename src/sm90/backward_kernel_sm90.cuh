@@ -586,8 +586,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                 const float u = s_rc(r, c + e);
                 const float half_s = u * hstu.half_alpha;
                 const float t = tanh_approx(half_s);
-                const float h = u * hstu.half_scale;
-                prob[e] = fmaf(h, t, h);
+                prob[e] = hstu.prob(u, t);
                 // alpha / scaling (1 + t) / 2 times (1 + s / 2 - t s / 2)
                 dp_du[e] = fmaf(half_dprob_scale, t, half_dprob_scale) * fmaf(-half_s, t, 1.0f + half_s);
               }

@@ -49,10 +49,12 @@ struct HstuPointwise {
   CUTE_DEVICE explicit HstuPointwise(const detail::Params& p)
       : half_alpha(0.5f * p.alpha), half_scale(0.5f * p.alpha * p.inv_scaling_seqlen) {}
 
-  CUTE_DEVICE float prob(float u) const {
+  // P from u and t = tanh(alpha u / 2), for callers that need t as well (the backward's dP/du).
+  CUTE_DEVICE float prob(float u, float t) const {
     const float h = u * half_scale;
-    return fmaf(h, tanh_approx(u * half_alpha), h);
+    return fmaf(h, t, h);
   }
+  CUTE_DEVICE float prob(float u) const { return prob(u, tanh_approx(u * half_alpha)); }
 
   template <class TensorS>
   CUTE_DEVICE void apply(TensorS& tSrS) const {
