@@ -2,7 +2,7 @@
 # restricted-build.sh NAME FAMILIES DTYPES TESTS: scripts/build of a restricted sm_90a instance set into build/NAME
 # (TESTS: ON or OFF) with the headers carried in .deps; the ptxas -v log goes to $LOG (default $OUT/NAME-build.log),
 # spill lines and failing functions are printed, and the library and Python module are copied into
-# build/carry-NAME (ab.sh's layout). Environment: HDIMS (default "64;128;256").
+# build/carry-NAME (ab.sh's layout). Environment: HDIMS (default "64;128;256"), SCORES (default "softmax;hstu").
 set -uo pipefail
 name=$1 fams=$2 dtypes=$3 tests=$4
 log=${LOG:-$OUT/$name-build.log}
@@ -13,7 +13,7 @@ t0=$SECONDS
 scripts/build "$name" -DCUTEATTN_TESTS="$tests" -DCUTEATTN_CLI=OFF -DCUTEATTN_ARCHS=90a \
   -DCUTEATTN_CUTLASS_INCLUDE=/tmp/cuteattn-deps/cutlass-include -DCUTEATTN_GTEST_SOURCE=/tmp/cuteattn-deps/googletest \
   "-DCUTEATTN_FAMILIES=$fams" "-DCUTEATTN_HDIMS=${HDIMS:-64;128;256}" "-DCUTEATTN_DTYPES=$dtypes" \
-  "-DCUTEATTN_SCORES=softmax;hstu" "-DCMAKE_CUDA_FLAGS=-Xptxas=-v" > "$log" 2>&1
+  "-DCUTEATTN_SCORES=${SCORES:-softmax;hstu}" "-DCMAKE_CUDA_FLAGS=-Xptxas=-v" > "$log" 2>&1
 rc=$?
 echo "build $name rc=$rc $((SECONDS - t0)) s"
 grep "bytes spill" "$log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | sort | uniq -c

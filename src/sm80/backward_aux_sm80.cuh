@@ -1,7 +1,8 @@
 // The small kernels around the sm80 backward main loop: D = rowsum(dO * O) before it (softmax), zero-filling
 // dRab or the visible part of its fp32 head-sum accumulator before it (HSTU), and after it the fp32 -> dtype
 // conversions of dQ (from the sm80 kernel's thread-ordered tiles, summing the deterministic partials in a fixed
-// order; or from the sm90 backward's row-major accumulator) and of the head-summed dRab.
+// order; or from the sm90 backward's row-major accumulator) and of the head-summed dRab (from the fp32
+// accumulator, or from the sm90 kernel's per-head tiles).
 #pragma once
 
 #include <cstdint>
@@ -201,12 +202,26 @@ __device__ __forceinline__ void drab_row_spans(const Params& p, int64_t bi, int6
   visible_spans(mask, r - mask.off, first, second);
 }
 
+// The dRab row kernels below run drab_row_threads(p) threads per row of dRab (a key position of one batch entry
+// and rab head), kDrabThreads / that rows per CTA: a warp per row up to max_sk 2k, a whole CTA per row above. H100,
+// HSTU backward with one rab head for four, bf16, jagged: a warp per row made the whole backward 5-6% faster at
+// max_sk 1k (d 256 on the sm80 kernel; d 128 on the sm90 kernel when it used these passes) and 5% slower at 4k.
+constexpr int kDrabThreads = 256;
+__host__ __device__ inline int drab_row_threads(const Params& p) { return p.seqlen_k <= 2048 ? 32 : kDrabThreads; }
+inline dim3 drab_rows_grid(const Params& p, int64_t heads) {
+  const int64_t rows_per_cta = kDrabThreads / drab_row_threads(p);
+  return dim3(unsigned((p.seqlen_k + rows_per_cta - 1) / rows_per_cta), unsigned(heads), unsigned(p.batch));
+}
+
 // Zeroes the fp32 dRab accumulator (b, max_sk, ld) where the main kernel's atomics land and write_drab_kernel
-// reads: row blockIdx.x of batch entry blockIdx.z, from the first to the last visible column (rounded out to
-// column pairs; ld is even). The rest of the buffer is never read. Internal linkage: every instance's translation
-// unit holds its own copy of this non-template kernel.
+// reads: each row of batch entry blockIdx.z from the first to the last visible column (rounded out to column
+// pairs; ld is even). The rest of the buffer is never read. Grid drab_rows_grid(p, 1). Internal linkage: every
+// instance's translation unit holds its own copy of this non-template kernel.
 static __global__ void zero_drab_accum_kernel(const __grid_constant__ Params p, float* accum, int64_t ld) {
-  const int64_t r = blockIdx.x, bi = blockIdx.z;
+  const int width = drab_row_threads(p);
+  const int64_t r = int64_t(blockIdx.x) * (kDrabThreads / width) + threadIdx.x / width, bi = blockIdx.z;
+  if (r >= p.seqlen_k) return;
+  const int lane = int(threadIdx.x % width);
   Range a, b;
   drab_row_spans(p, bi, r, &a, &b);
   const bool has_a = a.begin < a.end, has_b = b.begin < b.end;
@@ -214,40 +229,90 @@ static __global__ void zero_drab_accum_kernel(const __grid_constant__ Params p, 
   const int64_t lo = (has_a && has_b ? min64(a.begin, b.begin) : has_a ? a.begin : b.begin) / 2 * 2;
   const int64_t hi = has_a && has_b ? max64(a.end, b.end) : has_a ? a.end : b.end;
   float* row = accum + (bi * p.seqlen_k + r) * ld;
-  for (int64_t j = lo + 2 * int64_t(threadIdx.x); j < hi; j += 2 * int64_t(blockDim.x)) {
-    *reinterpret_cast<float2*>(row + j) = make_float2(0.0f, 0.0f);
-  }
+  for (int64_t j = lo + 2 * lane; j < hi; j += 2 * width) *reinterpret_cast<float2*>(row + j) = make_float2(0.0f, 0.0f);
 }
 
-// Row blockIdx.x of dRab (b, rab_heads, max_sk, max_sk), rab head blockIdx.y, batch entry blockIdx.z: zero
-// (accum == null), or the fp32 head sum (rab_heads == 1, accum rows ld floats apart) on the visible columns and
-// zero elsewhere. Column pairs as one 32-bit store where the row is 4-byte aligned.
+// dRab (b, rab_heads, max_sk, max_sk), rab head blockIdx.y, batch entry blockIdx.z, row by row: zero
+// (accum == null), or the fp32 head sum (rab_heads == 1, accum rows ld floats apart, ld even) on the visible
+// columns and zero elsewhere. Column pairs as one 32-bit store where the row is 4-byte aligned. Grid
+// drab_rows_grid(p, rab_heads).
 template <class Element>
 __global__ void write_drab_kernel(const __grid_constant__ Params p, const float* accum, int64_t ld) {
   const int64_t msk = p.seqlen_k;
-  const int64_t r = blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+  const int width = drab_row_threads(p);
+  const int64_t r = int64_t(blockIdx.x) * (kDrabThreads / width) + threadIdx.x / width, h = blockIdx.y, bi = blockIdx.z;
+  if (r >= msk) return;
+  const int lane = int(threadIdx.x % width);
   Range a = {0, 0}, b = {0, 0};
   const float* src = nullptr;
   if (accum != nullptr) {
     drab_row_spans(p, bi, r, &a, &b);
     src = accum + (bi * msk + r) * ld;
   }
-  auto value = [&](int64_t j) {
-    return (j >= a.begin && j < a.end) || (j >= b.begin && j < b.end) ? src[j] : 0.0f;
-  };
+  auto visible = [&](int64_t j) { return (j >= a.begin && j < a.end) || (j >= b.begin && j < b.end); };
   Element* dst = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride + h * p.drab_head_stride + r * p.drab_row_stride;
   if (reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(Element)) == 0) {
     using Pair = cute::uint_bit_t<2 * cute::sizeof_bits_v<Element>>;
-    for (int64_t j = 2 * int64_t(threadIdx.x); j < msk; j += 2 * int64_t(blockDim.x)) {
+    for (int64_t j = 2 * lane; j < msk; j += 2 * width) {
+      // Both columns of the pair lie inside the row of ld floats (ld >= msk rounded up to even); only pairs with
+      // a visible column are read (the accumulator is zeroed there only).
+      const bool v0 = visible(j), v1 = visible(j + 1);
+      const float2 sums = v0 || v1 ? *reinterpret_cast<const float2*>(src + j) : make_float2(0.0f, 0.0f);
+      const float x0 = v0 ? sums.x : 0.0f, x1 = v1 ? sums.y : 0.0f;
       if (j + 1 < msk) {
-        Element pair[2] = {static_cast<Element>(value(j)), static_cast<Element>(value(j + 1))};
+        Element pair[2] = {static_cast<Element>(x0), static_cast<Element>(x1)};
         *reinterpret_cast<Pair*>(dst + j) = *reinterpret_cast<const Pair*>(pair);
       } else {
-        dst[j] = static_cast<Element>(value(j));
+        dst[j] = static_cast<Element>(x0);
       }
     }
   } else {
-    for (int64_t j = threadIdx.x; j < msk; j += blockDim.x) dst[j] = static_cast<Element>(value(j));
+    for (int64_t j = lane; j < msk; j += width) dst[j] = static_cast<Element>(visible(j) ? src[j] : 0.0f);
+  }
+}
+
+// dRab of one rab head shared by several query heads, from the sm90 main kernel's per-head 16-bit dRab tiles
+// (staged: (b, h, max_sk, ld), ld a multiple of 8): the head sum in fp32, rounded once, on the visible columns of
+// each row, and zero elsewhere (staged elements there were never written). The heads are added in order, so the
+// result is deterministic, and each head's term is rounded to Element first, as a framework that sums per-head
+// gradients of a broadcast rab does. A warp per row of batch entry blockIdx.z, 8 columns (16 bytes) per lane and
+// step; kDrabSumRows rows per CTA.
+constexpr int kDrabSumRows = 8;
+template <class Element>
+__global__ void sum_drab_heads_kernel(const __grid_constant__ Params p, const Element* staged, int64_t ld) {
+  static_assert(sizeof(Element) == 2, "16-bit elements: 8 to a 16-byte vector");
+  const int64_t msk = p.seqlen_k;
+  const int64_t r = int64_t(blockIdx.x) * kDrabSumRows + threadIdx.x / 32, bi = blockIdx.z;
+  if (r >= msk) return;
+  const int lane = int(threadIdx.x % 32);
+  Range a, b;
+  drab_row_spans(p, bi, r, &a, &b);
+  auto visible = [&](int64_t j) { return (j >= a.begin && j < a.end) || (j >= b.begin && j < b.end); };
+  auto touches = [](Range s, int64_t lo, int64_t hi) { return s.begin < hi && lo < s.end; };
+  const int64_t head_stride = msk * ld;
+  const Element* src = staged + (bi * p.heads * msk + r) * ld;
+  Element* dst = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride + r * p.drab_row_stride;
+  const bool vector_store = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  for (int64_t c0 = 8 * lane; c0 < msk; c0 += 8 * 32) {
+    float sum[8] = {};
+    if (touches(a, c0, c0 + 8) || touches(b, c0, c0 + 8)) {
+      for (int64_t h = 0; h < p.heads; ++h) {
+        alignas(16) Element term[8];
+        *reinterpret_cast<uint4*>(term) = __ldg(reinterpret_cast<const uint4*>(src + h * head_stride + c0));
+        CUTE_UNROLL
+        for (int i = 0; i < 8; ++i) sum[i] += static_cast<float>(term[i]);
+      }
+    }
+    alignas(16) Element out[8];
+    CUTE_UNROLL
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<Element>(visible(c0 + i) ? sum[i] : 0.0f);
+    if (vector_store && c0 + 8 <= msk) {
+      *reinterpret_cast<uint4*>(dst + c0) = *reinterpret_cast<const uint4*>(out);
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < 8; ++i)
+        if (c0 + i < msk) dst[c0 + i] = out[i];
+    }
   }
 }
 

@@ -163,11 +163,11 @@ struct Sm80Backward {
       cudaError_t err = cudaMemsetAsync(args.dq_accum, 0, size_t(nsplit_dq) * pl.dq_split_elems * sizeof(float), stream);
       const bool drab_atomic = pl.drab_accum && !pl.drab_walk;
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};
-      // dRab passes: one CTA per (row, rab head, batch entry) of dRab.
-      const dim3 drab_grid(unsigned(p.seqlen_k), unsigned(p.rab_heads), unsigned(p.batch));
+      // dRab passes: over the (row, rab head, batch entry) rows of dRab (drab_rows_grid).
+      const dim3 drab_grid = sm80_bwd::drab_rows_grid(p, p.rab_heads);
       const bool drab_rows = p.seqlen_k > 0 && p.batch > 0;
       if (drab_atomic && drab_rows) {
-        sm80_bwd::zero_drab_accum_kernel<<<dim3(unsigned(p.seqlen_k), 1, unsigned(p.batch)), kAuxThreads, 0, stream>>>(
+        sm80_bwd::zero_drab_accum_kernel<<<sm80_bwd::drab_rows_grid(p, 1), sm80_bwd::kDrabThreads, 0, stream>>>(
             p, args.drab_accum, pl.drab_ld);
       }
       if constexpr (!kHstu) {
@@ -183,7 +183,7 @@ struct Sm80Backward {
           if (dense) {
             err = cudaMemsetAsync(p.drab, 0, size_t(p.batch * p.rab_heads * sk2) * sizeof(Element), stream);
           } else {
-            sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, nullptr, 0);
+            sm80_bwd::write_drab_kernel<Element><<<drab_grid, sm80_bwd::kDrabThreads, 0, stream>>>(p, nullptr, 0);
           }
         }
       }
@@ -221,7 +221,8 @@ struct Sm80Backward {
       }
 
       if (drab_atomic && drab_rows) {
-        sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, args.drab_accum, pl.drab_ld);
+        sm80_bwd::write_drab_kernel<Element>
+            <<<drab_grid, sm80_bwd::kDrabThreads, 0, stream>>>(p, args.drab_accum, pl.drab_ld);
       }
       err = cudaGetLastError();
       if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 backward: ") + cudaGetErrorString(err)};

@@ -56,8 +56,9 @@ struct BackwardKernelParams {
   float scale_log2;    // softcap off: scale * log2(e); on: softcap * log2(e) (the score is softcap * tanh(...))
   float scale_over_cap;  // softcap on: scale / softcap
   typename Traits::TmaRab tma_rab;       // HSTU with rab only
-  typename Traits::TmadRab tma_drab;     // HSTU with dRab of h_rab == h only
+  typename Traits::TmadRab tma_drab;     // HSTU with dRab: dRab itself (h_rab == h) or per-head staged tiles
   typename Traits::ShapeRows shape_rab;  // (max_sk, max_sk, h_rab, b)
+  typename Traits::ShapeRows shape_drab;  // (max_sk, max_sk, h_rab, b), or (max_sk, max_sk, h, b) staged
   float* drab_accum;                     // HSTU, one rab head shared by several heads: (b, max_sk, drab_ld) fp32
   int64_t drab_ld;
   float* dq_accum;                       // the fp32 dQ workspace (total_q, h, kHeadDim), for Traits::kdQAtomic
@@ -653,10 +654,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         // dRab of this (head, query block, key block), visited once: the 16-bit dS tile as it is. Rows and
         // columns past the sequence hold zeros (masked), the ones past max_sk are clipped by TMA.
         if (drab_store && tid == 0) {
-          cute::Tensor mdRab = kp.tma_drab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
+          cute::Tensor mdRab = kp.tma_drab.get_tma_tensor(kp.shape_drab);  // (max_sk, max_sk, 1 or h, b)
           const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
           cute::Tensor gdRab = local_tile(domain_offset(make_coord(int(sinfo.sk - sinfo.sq), _0{}),
-                                                        mdRab(_, _, p.rab_heads == 1 ? 0 : head, bi)),
+                                                        mdRab(_, _, get<2>(kp.shape_drab) == 1 ? 0 : head, bi)),
                                           Shape<Int<kBlockM>, Int<kBlockN>>{}, make_coord(m, n_block));  // (kBlockM, kBlockN)
           auto drab_part =
               tma_partition(kp.tma_drab, _0{}, Layout<_1>{}, group_modes<0, 2>(sdS), group_modes<0, 2>(gdRab));

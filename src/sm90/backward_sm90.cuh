@@ -1,11 +1,13 @@
 // Entry point of the sm90 backward family (what the generated instances instantiate): which problems an
 // instance serves, the workspace it needs, and the launch sequence
 //   softmax: D = rowsum(dO * O) -> main dK/dV/dQ kernel (backward_kernel_sm90.cuh) -> dQ conversion;
-//   HSTU:    [dRab zero-fill | zeroing the visible part of the dRab accumulator] -> main kernel -> dQ (and
-//            head-summed dRab) conversion,
+//   HSTU:    [dRab zero-fill | zeroing the visible part of the dRab accumulator] -> main kernel -> dQ conversion
+//            [and the head sum of dRab],
 // the small kernels being the sm80 backward's (sm80/backward_aux_sm80.cuh).
 // Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim), D (softmax, indexed like LSE), and for HSTU with one
-// rab head shared by several query heads the fp32 (b, max_sk, max_sk rounded to even) dRab accumulator.
+// rab head shared by several query heads either each head's dRab tiles (b, h, max_sk, max_sk rounded to 8), summed
+// after the main kernel, or (more than kMaxStagedDrabHeads heads) an fp32 (b, max_sk, max_sk rounded to even) dRab
+// accumulator that the main kernel adds into.
 // fp16/bf16, d == d_v; buckets d 64 and d 128 (softmax and HSTU) and d 256 (softmax); everything else
 // (deterministic mode, d != d_v, other buckets) is refused here and runs on the sm80 backward (dispatch falls
 // back when `supports` refuses).
@@ -41,10 +43,20 @@ struct Sm90Backward {
   using Traits = sm90::BackwardTraitsSm90<kDType, kHeadDim, kHstu>;
   using Element = typename Traits::Element;
 
+  // dRab of one rab head shared by several query heads: each head's tiles staged in the workspace (16-bit, stored
+  // by TMA like a per-head dRab) and summed after the main kernel (sm80_bwd::sum_drab_heads_kernel), up to this
+  // many heads; above, where h 16-bit copies outgrow twice the one fp32 accumulator, the main kernel adds into that
+  // with atomics. H100, HSTU backward with one rab head for 4 (bf16, d 128, jagged): the staged tiles made the
+  // backward 1.4x (max_sk 1k) to 2.1x (8k) as fast as the atomics. (The sm80 backward keeps its atomics: with
+  // per-head tiles its d 256 HSTU backward measured 4% slower.)
+  static constexpr int64_t kMaxStagedDrabHeads = 4;
+
   struct Plan {
     size_t dq_offset = 0, dq_elems = 0, dsum_offset = 0, drab_offset = 0, total = 0;
     int64_t drab_ld = 0;
-    bool drab_accum = false;  // dRab summed over heads (one rab head, several query heads) by fp32 atomics
+    // One rab head, several query heads: dRab summed over heads after the main kernel from per-head tiles, or
+    // (more heads) by the main kernel's fp32 atomics.
+    bool drab_staged = false, drab_accum = false;
   };
   static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
   static Plan plan(const Params& p) {
@@ -53,11 +65,14 @@ struct Sm90Backward {
     pl.dsum_offset = align_up(pl.dq_elems * sizeof(float));
     pl.drab_offset = kHstu ? pl.dsum_offset
                            : align_up(pl.dsum_offset + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
-    pl.drab_accum = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
-    pl.drab_ld = (p.seqlen_k + 1) / 2 * 2;
+    const bool shared_rab = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
+    pl.drab_staged = shared_rab && p.heads <= kMaxStagedDrabHeads;
+    pl.drab_accum = shared_rab && !pl.drab_staged;
+    pl.drab_ld = pl.drab_staged ? (p.seqlen_k + 7) / 8 * 8 : (p.seqlen_k + 1) / 2 * 2;  // TMA: 16-byte row pitch
     pl.total = pl.drab_offset;
-    if (pl.drab_accum)
-      pl.total = align_up(pl.total + size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld) * sizeof(float));
+    const size_t drab_rows = size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld);
+    if (pl.drab_staged) pl.total = align_up(pl.total + drab_rows * size_t(p.heads) * sizeof(Element));
+    if (pl.drab_accum) pl.total = align_up(pl.total + drab_rows * sizeof(float));
     return pl;
   }
 
@@ -116,6 +131,7 @@ struct Sm90Backward {
     const int kAuxThreads = 256;
     auto aux_blocks = [](int64_t work) { return int(std::clamp<int64_t>((work + 255) / 256, 1, 8192)); };
     float* drab_accum = pl.drab_accum ? reinterpret_cast<float*>(ws + pl.drab_offset) : nullptr;
+    Element* drab_staged = pl.drab_staged ? reinterpret_cast<Element*>(ws + pl.drab_offset) : nullptr;
     if (p.total_q > 0) {
       cudaError_t err = cudaMemsetAsync(dq_accum, 0, pl.dq_elems * sizeof(float), stream);
       if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
@@ -124,14 +140,15 @@ struct Sm90Backward {
             <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, dsum);
       }
     }
-    // dRab passes: one CTA per (row, rab head, batch entry) of dRab. The main kernel writes (h_rab == h) or sums
-    // into (h_rab == 1 < h) only the tiles some query block sees; the rest is zero.
-    const dim3 drab_grid(unsigned(p.seqlen_k), unsigned(p.rab_heads), unsigned(p.batch));
+    // dRab passes: over the (row, rab head, batch entry) rows of dRab (drab_rows_grid). The main kernel writes
+    // (h_rab == h) or sums into (h_rab == 1 < h, accumulator) only the tiles some query block sees; the rest is
+    // zero. Staged per-head tiles need no pass before: the head sum writes every element of dRab.
+    const dim3 drab_grid = sm80_bwd::drab_rows_grid(p, p.rab_heads);
     const bool drab_rows = kHstu && p.drab != nullptr && p.seqlen_k > 0 && p.batch > 0;
     if (drab_rows && pl.drab_accum) {
-      sm80_bwd::zero_drab_accum_kernel<<<dim3(unsigned(p.seqlen_k), 1, unsigned(p.batch)), kAuxThreads, 0, stream>>>(
+      sm80_bwd::zero_drab_accum_kernel<<<sm80_bwd::drab_rows_grid(p, 1), sm80_bwd::kDrabThreads, 0, stream>>>(
           p, drab_accum, pl.drab_ld);
-    } else if (drab_rows) {
+    } else if (drab_rows && !pl.drab_staged) {
       const int64_t sk2 = p.seqlen_k * p.seqlen_k;
       const bool dense = p.drab_row_stride == p.seqlen_k && p.drab_head_stride == sk2 &&
                          p.drab_batch_stride == p.rab_heads * sk2;
@@ -140,7 +157,7 @@ struct Sm90Backward {
         const cudaError_t err = cudaMemsetAsync(p.drab, 0, bytes, stream);
         if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
       } else {
-        sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, nullptr, 0);
+        sm80_bwd::write_drab_kernel<Element><<<drab_grid, sm80_bwd::kDrabThreads, 0, stream>>>(p, nullptr, 0);
       }
     }
 
@@ -191,6 +208,7 @@ struct Sm90Backward {
           {},
           {},
           {},
+          {},
           drab_accum,
           pl.drab_ld,
           dq_accum};
@@ -206,15 +224,23 @@ struct Sm90Backward {
           kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename Traits::SmemLayoutdS{}),
                                      Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
           kp.shape_rab = rab.shape();
-          if (p.drab != nullptr && !pl.drab_accum) {
+          auto make_drab_tma = [&](auto const& drab) {
+            kp.tma_drab = make_tma_copy(SM90_TMA_STORE{}, drab, take<0, 2>(typename Traits::SmemLayoutdS{}),
+                                        Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+            kp.shape_drab = drab.shape();
+          };
+          if (pl.drab_staged) {  // (max_sk, max_sk, h, b) tiles of the workspace, one per query head
+            const int64_t head_elems = int64_t(max_sk) * pl.drab_ld;
+            make_drab_tma(cute::make_tensor(make_gmem_ptr(drab_staged),
+                                            make_shape(max_sk, max_sk, int(p.heads), int(p.batch)),
+                                            make_stride(pl.drab_ld, _1{}, head_elems, p.heads * head_elems)));
+          } else if (p.drab != nullptr && !pl.drab_accum) {
             const int64_t dbig = int64_t(max_sk) * p.drab_row_stride;
-            auto drab = cute::make_tensor(
+            make_drab_tma(cute::make_tensor(
                 make_gmem_ptr(static_cast<Element*>(p.drab)),
                 make_shape(max_sk, max_sk, int(p.rab_heads), int(p.batch)),
                 make_stride(p.drab_row_stride, _1{}, stride_of(p.rab_heads, p.drab_head_stride, dbig),
-                            stride_of(p.batch, p.drab_batch_stride, dbig)));
-            kp.tma_drab = make_tma_copy(SM90_TMA_STORE{}, drab, take<0, 2>(typename Traits::SmemLayoutdS{}),
-                                        Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+                            stride_of(p.batch, p.drab_batch_stride, dbig))));
           }
         }
       }
@@ -232,8 +258,13 @@ struct Sm90Backward {
           <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
               p, dq_accum, int64_t(pl.dq_elems), 1, kHstu ? 1.0f : p.scale);
     }
+    if (drab_rows && pl.drab_staged) {
+      sm80_bwd::sum_drab_heads_kernel<Element>
+          <<<dim3(unsigned((p.seqlen_k + sm80_bwd::kDrabSumRows - 1) / sm80_bwd::kDrabSumRows), 1, unsigned(p.batch)),
+             32 * sm80_bwd::kDrabSumRows, 0, stream>>>(p, drab_staged, pl.drab_ld);
+    }
     if (drab_rows && pl.drab_accum) {
-      sm80_bwd::write_drab_kernel<Element><<<drab_grid, kAuxThreads, 0, stream>>>(p, drab_accum, pl.drab_ld);
+      sm80_bwd::write_drab_kernel<Element><<<drab_grid, sm80_bwd::kDrabThreads, 0, stream>>>(p, drab_accum, pl.drab_ld);
     }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return fail("launch", err);

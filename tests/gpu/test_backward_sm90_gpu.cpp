@@ -242,7 +242,8 @@ CaseConfig hstu_case(DType dtype, int64_t heads, int64_t head_dim, int64_t rab_h
 TEST_F(Sm90BackwardHstu, RabAndDrab) {
   check_backward(hstu_case(DType::kBFloat16, 2, 128, 0, false));
   check_backward(hstu_case(DType::kBFloat16, 3, 128, 1, false));
-  check_backward(hstu_case(DType::kBFloat16, 3, 128, 1, true));  // dRab summed over heads (atomics)
+  check_backward(hstu_case(DType::kBFloat16, 3, 128, 1, true));  // dRab of per-head tiles, summed after
+  check_backward(hstu_case(DType::kBFloat16, 6, 128, 1, true));  // more heads: summed by fp32 atomics
   check_backward(hstu_case(DType::kBFloat16, 3, 128, 3, true));  // dRab per head (TMA store)
   check_backward(hstu_case(DType::kFloat16, 2, 128, 2, true));
   check_backward(hstu_case(DType::kFloat16, 1, 128, 1, true));   // one head: dRab stored straight
