@@ -155,12 +155,11 @@ struct LogicalColumns {
   __device__ static constexpr int physical(int c) { return c; }
 };
 
-// The sm90 backward's row-major accumulator (total_q, heads, kHeadDim): dq[g, h, c] = scale * the sum over
-// splits of dq_accum[split, g, h, Columns::physical(c)], in split order (Columns: where the kernel left logical
-// column c; it keeps groups of 4 together). A thread converts 4 consecutive columns of one (row, head).
+// The sm90 backward's row-major accumulator (total_q, heads, kHeadDim): dq[g, h, c] = scale *
+// dq_accum[g, h, Columns::physical(c)] (Columns: where the kernel left logical column c; it keeps groups of 4
+// together). A thread converts 4 consecutive columns of one (row, head).
 template <class Element, int kHeadDim, class Columns = LogicalColumns>
-__global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const float* dq_accum,
-                                       int64_t split_stride, int nsplit, float scale) {
+__global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const float* dq_accum, float scale) {
   constexpr int kVec = 4;
   constexpr int kThreadsPerRow = kHeadDim / kVec;
   if (threadIdx.x >= blockDim.x / kThreadsPerRow * kThreadsPerRow) return;
@@ -171,14 +170,7 @@ __global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const f
        w += rows_per_step) {
     if (c >= p.head_dim) continue;
     const int pc = Columns::physical(c);
-    float4 acc = *reinterpret_cast<const float4*>(dq_accum + w * kHeadDim + pc);
-    for (int s = 1; s < nsplit; ++s) {
-      const float4 part = *reinterpret_cast<const float4*>(dq_accum + s * split_stride + w * kHeadDim + pc);
-      acc.x += part.x;
-      acc.y += part.y;
-      acc.z += part.z;
-      acc.w += part.w;
-    }
+    const float4 acc = *reinterpret_cast<const float4*>(dq_accum + w * kHeadDim + pc);
     const int64_t g = w / p.heads, h = w % p.heads;  // global query row, head
     int64_t bi = 0, row = g;
     if (!p.varlen) {

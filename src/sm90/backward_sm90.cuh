@@ -256,7 +256,7 @@ struct Sm90Backward {
       using WorkspaceColumns = std::conditional_t<Traits::kdQAtomic, sm80_bwd::LogicalColumns, sm90::dQWorkspaceColumns>;
       sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim, WorkspaceColumns>
           <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
-              p, dq_accum, int64_t(pl.dq_elems), 1, kHstu ? 1.0f : p.scale);
+              p, dq_accum, kHstu ? 1.0f : p.scale);
     }
     if (drab_rows && pl.drab_staged) {
       sm80_bwd::sum_drab_heads_kernel<Element>
