@@ -70,9 +70,9 @@ struct Sm90Backward {
     pl.drab_accum = shared_rab && !pl.drab_staged;
     pl.drab_ld = pl.drab_staged ? (p.seqlen_k + 7) / 8 * 8 : (p.seqlen_k + 1) / 2 * 2;  // TMA: 16-byte row pitch
     pl.total = pl.drab_offset;
-    const size_t drab_rows = size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld);
-    if (pl.drab_staged) pl.total = align_up(pl.total + drab_rows * size_t(p.heads) * sizeof(Element));
-    if (pl.drab_accum) pl.total = align_up(pl.total + drab_rows * sizeof(float));
+    const size_t drab_elems = size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld);  // per head
+    if (pl.drab_staged) pl.total = align_up(pl.total + drab_elems * size_t(p.heads) * sizeof(Element));
+    if (pl.drab_accum) pl.total = align_up(pl.total + drab_elems * sizeof(float));
     return pl;
   }
 
