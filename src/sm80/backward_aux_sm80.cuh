@@ -186,23 +186,41 @@ __global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const f
   }
 }
 
-// The columns of dRab row r (a key position) of batch entry bi that the main kernel sums into: the keys query
-// row r - off sees, as two spans of Mask's visible_spans (empty for rows no query sits at).
-__device__ __forceinline__ void drab_row_spans(const Params& p, int64_t bi, int64_t r, Range* first, Range* second) {
+// The columns of a dRab row (a key position) that the main kernel writes or sums into: the keys query row
+// r - off sees, as two spans of Mask's visible_spans (empty for rows no query sits at, and by default).
+struct DrabRowSpans {
+  Range first, second;
+  __device__ bool visible(int64_t j) const {
+    return (j >= first.begin && j < first.end) || (j >= second.begin && j < second.end);
+  }
+  // Whether some column of [lo, hi) is visible.
+  __device__ bool touches(int64_t lo, int64_t hi) const {
+    return (first.begin < hi && lo < first.end) || (second.begin < hi && lo < second.end);
+  }
+};
+__device__ __forceinline__ DrabRowSpans drab_row_spans(const Params& p, int64_t bi, int64_t r) {
   const SequenceInfo seq = SequenceInfo::of(p, bi);
   const Mask mask = Mask::of(p, seq, bi);
-  visible_spans(mask, r - mask.off, first, second);
+  DrabRowSpans spans;
+  visible_spans(mask, r - mask.off, &spans.first, &spans.second);
+  return spans;
 }
 
-// The dRab row kernels below run drab_row_threads(p) threads per row of dRab (a key position of one batch entry
-// and rab head), kDrabThreads / that rows per CTA: a warp per row up to max_sk 2k, a whole CTA per row above. H100,
-// HSTU backward with one rab head for four, bf16, jagged: a warp per row made the whole backward 5-6% faster at
-// max_sk 1k (d 256 on the sm80 kernel; d 128 on the sm90 kernel when it used these passes) and 5% slower at 4k.
+// The dRab row kernels below run `width` threads per row of dRab (a key position of one batch entry and rab
+// head), kDrabThreads / width rows per CTA. The zeroing and fp32 conversion passes take drab_row_threads(p): a warp
+// per row up to max_sk 2k, a whole CTA per row above (H100, HSTU backward with one rab head for four, bf16, jagged:
+// a warp per row made the whole backward 5-6% faster at max_sk 1k (d 256 on the sm80 kernel; d 128 on the sm90
+// kernel when it used these passes) and 5% slower at 4k).
 constexpr int kDrabThreads = 256;
 __host__ __device__ inline int drab_row_threads(const Params& p) { return p.seqlen_k <= 2048 ? 32 : kDrabThreads; }
-inline dim3 drab_rows_grid(const Params& p, int64_t heads) {
-  const int64_t rows_per_cta = kDrabThreads / drab_row_threads(p);
+inline dim3 drab_rows_grid(const Params& p, int64_t heads, int width) {
+  const int64_t rows_per_cta = kDrabThreads / width;
   return dim3(unsigned((p.seqlen_k + rows_per_cta - 1) / rows_per_cta), unsigned(heads), unsigned(p.batch));
+}
+inline dim3 drab_rows_grid(const Params& p, int64_t heads) { return drab_rows_grid(p, heads, drab_row_threads(p)); }
+// This thread's dRab row in a grid of drab_rows_grid(p, heads, width) (seqlen_k or more: none).
+__device__ __forceinline__ int64_t drab_row(int width) {
+  return int64_t(blockIdx.x) * (kDrabThreads / width) + threadIdx.x / width;
 }
 
 // Zeroes the fp32 dRab accumulator (b, max_sk, ld) where the main kernel's atomics land and write_drab_kernel
@@ -211,11 +229,11 @@ inline dim3 drab_rows_grid(const Params& p, int64_t heads) {
 // instance's translation unit holds its own copy of this non-template kernel.
 static __global__ void zero_drab_accum_kernel(const __grid_constant__ Params p, float* accum, int64_t ld) {
   const int width = drab_row_threads(p);
-  const int64_t r = int64_t(blockIdx.x) * (kDrabThreads / width) + threadIdx.x / width, bi = blockIdx.z;
+  const int64_t r = drab_row(width), bi = blockIdx.z;
   if (r >= p.seqlen_k) return;
   const int lane = int(threadIdx.x % width);
-  Range a, b;
-  drab_row_spans(p, bi, r, &a, &b);
+  const DrabRowSpans spans = drab_row_spans(p, bi, r);
+  const Range a = spans.first, b = spans.second;
   const bool has_a = a.begin < a.end, has_b = b.begin < b.end;
   if (!has_a && !has_b) return;
   const int64_t lo = (has_a && has_b ? min64(a.begin, b.begin) : has_a ? a.begin : b.begin) / 2 * 2;
@@ -232,23 +250,22 @@ template <class Element>
 __global__ void write_drab_kernel(const __grid_constant__ Params p, const float* accum, int64_t ld) {
   const int64_t msk = p.seqlen_k;
   const int width = drab_row_threads(p);
-  const int64_t r = int64_t(blockIdx.x) * (kDrabThreads / width) + threadIdx.x / width, h = blockIdx.y, bi = blockIdx.z;
+  const int64_t r = drab_row(width), h = blockIdx.y, bi = blockIdx.z;
   if (r >= msk) return;
   const int lane = int(threadIdx.x % width);
-  Range a = {0, 0}, b = {0, 0};
+  DrabRowSpans spans;  // nothing visible without an accumulator: zeros
   const float* src = nullptr;
   if (accum != nullptr) {
-    drab_row_spans(p, bi, r, &a, &b);
+    spans = drab_row_spans(p, bi, r);
     src = accum + (bi * msk + r) * ld;
   }
-  auto visible = [&](int64_t j) { return (j >= a.begin && j < a.end) || (j >= b.begin && j < b.end); };
   Element* dst = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride + h * p.drab_head_stride + r * p.drab_row_stride;
   if (reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(Element)) == 0) {
     using Pair = cute::uint_bit_t<2 * cute::sizeof_bits_v<Element>>;
     for (int64_t j = 2 * lane; j < msk; j += 2 * width) {
       // Both columns of the pair lie inside the row of ld floats (ld >= msk rounded up to even); only pairs with
       // a visible column are read (the accumulator is zeroed there only).
-      const bool v0 = visible(j), v1 = visible(j + 1);
+      const bool v0 = spans.visible(j), v1 = spans.visible(j + 1);
       const float2 sums = v0 || v1 ? *reinterpret_cast<const float2*>(src + j) : make_float2(0.0f, 0.0f);
       const float x0 = v0 ? sums.x : 0.0f, x1 = v1 ? sums.y : 0.0f;
       if (j + 1 < msk) {
@@ -259,7 +276,7 @@ __global__ void write_drab_kernel(const __grid_constant__ Params p, const float*
       }
     }
   } else {
-    for (int64_t j = lane; j < msk; j += width) dst[j] = static_cast<Element>(visible(j) ? src[j] : 0.0f);
+    for (int64_t j = lane; j < msk; j += width) dst[j] = static_cast<Element>(spans.visible(j) ? src[j] : 0.0f);
   }
 }
 
@@ -267,27 +284,24 @@ __global__ void write_drab_kernel(const __grid_constant__ Params p, const float*
 // (staged: (b, h, max_sk, ld), ld a multiple of 8): the head sum in fp32, rounded once, on the visible columns of
 // each row, and zero elsewhere (staged elements there were never written). The heads are added in order, so the
 // result is deterministic, and each head's term is rounded to Element first, as a framework that sums per-head
-// gradients of a broadcast rab does. A warp per row of batch entry blockIdx.z, 8 columns (16 bytes) per lane and
-// step; kDrabSumRows rows per CTA.
-constexpr int kDrabSumRows = 8;
+// gradients of a broadcast rab does. A warp per row (grid drab_rows_grid(p, 1, kDrabSumWidth)), 8 columns
+// (16 bytes) per lane and step.
+constexpr int kDrabSumWidth = 32;
 template <class Element>
 __global__ void sum_drab_heads_kernel(const __grid_constant__ Params p, const Element* staged, int64_t ld) {
   static_assert(sizeof(Element) == 2, "16-bit elements: 8 to a 16-byte vector");
   const int64_t msk = p.seqlen_k;
-  const int64_t r = int64_t(blockIdx.x) * kDrabSumRows + threadIdx.x / 32, bi = blockIdx.z;
+  const int64_t r = drab_row(kDrabSumWidth), bi = blockIdx.z;
   if (r >= msk) return;
-  const int lane = int(threadIdx.x % 32);
-  Range a, b;
-  drab_row_spans(p, bi, r, &a, &b);
-  auto visible = [&](int64_t j) { return (j >= a.begin && j < a.end) || (j >= b.begin && j < b.end); };
-  auto touches = [](Range s, int64_t lo, int64_t hi) { return s.begin < hi && lo < s.end; };
+  const int lane = int(threadIdx.x % kDrabSumWidth);
+  const DrabRowSpans spans = drab_row_spans(p, bi, r);
   const int64_t head_stride = msk * ld;
   const Element* src = staged + (bi * p.heads * msk + r) * ld;
   Element* dst = static_cast<Element*>(p.drab) + bi * p.drab_batch_stride + r * p.drab_row_stride;
   const bool vector_store = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  for (int64_t c0 = 8 * lane; c0 < msk; c0 += 8 * 32) {
+  for (int64_t c0 = 8 * lane; c0 < msk; c0 += 8 * kDrabSumWidth) {
     float sum[8] = {};
-    if (touches(a, c0, c0 + 8) || touches(b, c0, c0 + 8)) {
+    if (spans.touches(c0, c0 + 8)) {
       for (int64_t h = 0; h < p.heads; ++h) {
         alignas(16) Element term[8];
         *reinterpret_cast<uint4*>(term) = __ldg(reinterpret_cast<const uint4*>(src + h * head_stride + c0));
@@ -297,7 +311,7 @@ __global__ void sum_drab_heads_kernel(const __grid_constant__ Params p, const El
     }
     alignas(16) Element out[8];
     CUTE_UNROLL
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<Element>(visible(c0 + i) ? sum[i] : 0.0f);
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<Element>(spans.visible(c0 + i) ? sum[i] : 0.0f);
     if (vector_store && c0 + 8 <= msk) {
       *reinterpret_cast<uint4*>(dst + c0) = *reinterpret_cast<const uint4*>(out);
     } else {

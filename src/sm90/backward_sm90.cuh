@@ -260,8 +260,8 @@ struct Sm90Backward {
     }
     if (drab_rows && pl.drab_staged) {
       sm80_bwd::sum_drab_heads_kernel<Element>
-          <<<dim3(unsigned((p.seqlen_k + sm80_bwd::kDrabSumRows - 1) / sm80_bwd::kDrabSumRows), 1, unsigned(p.batch)),
-             32 * sm80_bwd::kDrabSumRows, 0, stream>>>(p, drab_staged, pl.drab_ld);
+          <<<sm80_bwd::drab_rows_grid(p, 1, sm80_bwd::kDrabSumWidth), sm80_bwd::kDrabThreads, 0, stream>>>(
+              p, drab_staged, pl.drab_ld);
     }
     if (drab_rows && pl.drab_accum) {
       sm80_bwd::write_drab_kernel<Element><<<drab_grid, sm80_bwd::kDrabThreads, 0, stream>>>(p, drab_accum, pl.drab_ld);
