@@ -1,8 +1,9 @@
 // Epilogue of the sm90 forward kernel: writes one consumer warpgroup's O rows; softmax normalises them first and
-// writes LSE (direct stores), HSTU writes O as accumulated. O goes through a shared-memory staging tile and a
-// TMA store where the traits have room for one (kStoreOWithTma) and the warpgroup's 64 rows lie inside the
-// sequence; otherwise (varlen tiles ending inside the next sequence, large head dims, packed GQA tiles whose rows
-// are (query row, head) pairs) straight from registers, predicated on the sequence's rows. Also the O = 0 /
+// writes LSE (direct stores), HSTU writes O as accumulated. Where the traits have room (kStoreOWithTma), O goes
+// through a shared-memory staging tile, and from there by a TMA store where the warpgroup's 64 rows lie inside
+// the sequence, by 16-byte copies predicated on the sequence's rows where they do not (varlen tiles ending
+// inside the next sequence); otherwise (large head dims, packed GQA tiles whose rows are (query row, head) pairs,
+// split-KV partials) straight from registers. Also the O = 0 /
 // LSE = -inf tile for rows that see no key. Split-KV tiles write fp32 partials into the workspace instead.
 #pragma once
 
@@ -71,14 +72,10 @@ struct ForwardEpilogueSm90 {
     cute::Tensor tOrOut = cute::make_tensor<Element>(tOrO.layout());  // (MMA, MMA_M, MMA_N)
     convert_fragment(tOrO, tOrOut);
     if constexpr (Traits::kStoreOWithTma) {
-      // A varlen box past the sequence's last row would overwrite the next sequence's rows (fixed lengths: TMA
-      // clips at the tensor's end).
-      if (!kp.params.varlen || w.m0 + (tid / 128 + 1) * kRowsPerWG <= w.seq.sq) {
-        store_through_smem(kp, ss, w, tid, tOrOut);
-        return;
-      }
+      store_through_smem(kp, ss, w, tid, tOrOut);
+    } else {
+      store_from_registers(kp, w, tid, tOrOut);
     }
-    store_from_registers(kp, w, tid, tOrOut);
   }
 
   // After a consumer thread's last tile: its warpgroup's last TMA store has read the staging tile (the shared
@@ -120,7 +117,10 @@ struct ForwardEpilogueSm90 {
 
  private:
   // Registers -> staging tile (stmatrix) -> one TMA store of the warpgroup's 64 rows, issued by its first thread
-  // and left in flight: the next tile's epilogue waits only until the store has read the staging tile.
+  // and left in flight: the next tile's epilogue waits only until the store has read the staging tile. A varlen
+  // box past the sequence's last row would overwrite the next sequence's rows (fixed lengths: TMA clips at the
+  // tensor's end): such a warpgroup's threads copy the rows inside the sequence out of the staging tile, 16
+  // bytes at a time; the next epilogue's first barrier waits for their reads.
   template <class KernelParams, class FragOut>
   CUTE_DEVICE static void store_through_smem(KernelParams const& kp, SharedStorage& ss, TileWork const& w, int tid,
                                              FragOut const& tOrOut) {
@@ -137,6 +137,11 @@ struct ForwardEpilogueSm90 {
       cute::copy(smem_copy_o, tOrO_copy, tOsO(_, _, _, wg));
       tma_store_fence();  // the generic-proxy writes above, visible to the TMA unit
       barrier_sync(128, staging);
+      const int first_row = wg * kRowsPerWG;
+      if (kp.params.varlen && w.m0 + first_row + kRowsPerWG > w.seq.sq) {
+        copy_rows_from_smem(kp, w, t, first_row, sO);
+        return;
+      }
       if (t == 0) {
         const int batch = kp.params.varlen ? 0 : w.coord.batch;
         cute::Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
@@ -149,6 +154,27 @@ struct ForwardEpilogueSm90 {
         cute::Tensor tOsO_tma = get<1>(o_part);  // (TMA, warpgroups)
         copy(kp.tma_o, tOsO_tma(_, wg), tOgO);
         tma_store_arrive();
+      }
+    }
+  }
+
+  // The rows of warpgroup rows [first_row, first_row + 64) inside the sequence, from the staging tile sO
+  // (64, kHeadDim, warpgroups): thread t copies the 16-byte chunks t, t + 128, ... (8 columns each).
+  template <class KernelParams, class TensorO>
+  CUTE_DEVICE static void copy_rows_from_smem(KernelParams const& kp, TileWork const& w, int t, int first_row,
+                                              TensorO const& sO) {
+    const detail::Params& p = kp.params;
+    const int rows = rows_in_sequence(w) - first_row;
+    const int wg = first_row / kRowsPerWG;
+    Element* o_tile = static_cast<Element*>(p.o.ptr) + w.seq.q_offset(p.o, w.coord.batch, w.m0 + first_row,
+                                                                       w.coord.head);
+    CUTE_UNROLL
+    for (int k = 0; k < kChunksPerThread; ++k) {
+      const int idx = t + k * 128;
+      const int i = idx / kChunksPerRow, col = idx % kChunksPerRow * 8;
+      if (i < rows && col < p.head_dim_v) {
+        *reinterpret_cast<uint128_t*>(o_tile + int64_t(i) * p.o.row_stride + col) =
+            *reinterpret_cast<uint128_t const*>(&sO(i, col, wg));
       }
     }
   }

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     if (Traits::kStoreOWithTma) cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
-    if (Traits::kHstu && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
+    if (Traits::kHasRabRing && kp.params.rab != nullptr) cute::prefetch_tma_descriptor(kp.tma_rab.get_tma_descriptor());
     for (int s = 0; s < Traits::kMaxQuerySlots; ++s) ss.barrier_q[s].init(Traits::kPackGqa ? 32 : 1);
     TileHandoff<kNumMmaThreads>::init(ss.handoff);
   }
@@ -348,6 +348,10 @@ struct Sm90Forward {
     return 8 * packed <= 7 * unpacked;
   }
 
+  // HSTU d 128 without rab runs a kernel without the rab ring (ForwardTraitsSm90's kRabless), whose shared
+  // memory then has room for the O staging tile of the TMA-store epilogue and two Q slots.
+  static constexpr bool kHasRabless = Traits::kRablessVariant;
+
   // Split-KV (FlashDecoding): where the tiles (packed or not) fill under 80% of the SMs, each tile's key blocks are
   // cut into num_splits contiguous chunks, one tile each (kSplitKv, TileWork::keep_split), and a combine kernel
   // merges the fp32 partials (cuda/split_kv_combine.cuh). The count follows FlashAttention's heuristic: the
@@ -426,6 +430,12 @@ struct Sm90Forward {
     if constexpr (kHasLongRows) {
       if (long_rows(p)) {
         return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, false, false, true>>(p, workspace);
+      }
+    }
+    if constexpr (kHasRabless) {
+      if (p.rab == nullptr) {
+        return launch_with<sm90::ForwardTraitsSm90<kDType, kHeadDim, true, false, false, false, false, true>>(
+            p, workspace);
       }
     }
     return launch_with<Traits>(p, workspace);
@@ -537,7 +547,7 @@ struct Sm90Forward {
         return {StatusCode::kCudaError, std::string("sm90 forward: cudaMemsetAsync: ") + cudaGetErrorString(err)};
     }
 
-    if constexpr (kHstu) {
+    if constexpr (T::kHasRabRing) {
       if (p.rab != nullptr) {
         const int max_sk = int(p.seqlen_k);
         const int64_t big = int64_t(max_sk) * p.rab_row_stride;

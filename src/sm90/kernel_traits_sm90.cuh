@@ -48,6 +48,8 @@ struct ForwardTileConfig {
 //   d 128: 32 KB + 2 x (64 + 32) KB
 //   d 192: 48 KB + 2 x (48 + 16) KB, kBlockN 64 (96 leaves no room for the rab ring)
 //   d 256: 64 KB + 2 x (64 + 16) KB, kBlockN 64
+// and without rab (kRabless, d 128 only: elsewhere the ring freed holds no more than the traits already have)
+// the softmax layout with its O staging tile and second Q slot.
 // Wide keys (softmax d 128 on long key ranges, Sm90Forward::wide_keys): kBlockN 176, 32 KB + 2 x 88 KB; no room
 // for the O staging tile or a second Q slot, which short tiles need (s 512: 20% slower), while long rows gain
 // (s 16k: +5%).
@@ -123,8 +125,12 @@ struct OStorage<true, Element, SmemLayoutO> {
 // row of Q, which no TMA box describes) and the epilogue stores O from registers.
 // kSplitKv: each tile's key blocks are split into contiguous chunks run by separate tiles (Sm90Forward::num_splits),
 // which write fp32 partial O and LSE into the workspace for the combine kernel (cuda/split_kv_combine.cuh).
+// kRabless: HSTU launches without rab (d 128: kRablessVariant): no rab ring, so the shared memory it
+// would take holds the O staging tile of the TMA-store epilogue and a second Q slot, as in the softmax d 128
+// kernel (H100 bf16, causal, h 4, against the rab kernel without rab: dense s 2k 484 -> 510 TFLOP/s, 4k 567 ->
+// 594, 16k 676 -> 685; jagged max 1k 336 -> 365, 2k 442 -> 481, 4k 537 -> 565).
 template <DType kDType, int kHeadDim_, bool kHstu_, bool kWideKeys_ = false, bool kLongRows_ = false,
-          bool kPackGqa_ = false, bool kSplitKv_ = false>
+          bool kPackGqa_ = false, bool kSplitKv_ = false, bool kRabless_ = false>
 struct ForwardTraitsSm90 {
   using Element = ElementOf<kDType>;
   using ElementAccum = float;
@@ -134,6 +140,11 @@ struct ForwardTraitsSm90 {
   static constexpr bool kLongRows = kLongRows_;
   static constexpr bool kPackGqa = kPackGqa_;
   static constexpr bool kSplitKv = kSplitKv_;
+  static constexpr bool kRabless = kRabless_;
+  static constexpr bool kHasRabRing = kHstu && !kRabless;
+  // The HSTU head dims whose launches without rab run the kRabless kernel (Sm90Forward::launch).
+  static constexpr bool kRablessVariant = kHstu && kHeadDim_ == 128;
+  static_assert(!kRabless || kRablessVariant, "rabless: HSTU d 128 only");
   static_assert(!kSplitKv || (!kHstu && !kWideKeys && !kLongRows), "split keys: the softmax base tiles only");
   static_assert(!kWideKeys || (!kHstu && kHeadDim_ == 128), "wide key blocks: softmax d 128 only");
   static_assert(!kLongRows || (!kHstu && kHeadDim_ == 64), "long rows: softmax d 64 only");
@@ -210,7 +221,7 @@ struct ForwardTraitsSm90 {
   // from registers. 1 KB of the budget is left for the barriers.
   static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kBytesMain = kBlockM * kHeadDim * int(sizeof(Element)) +
-                                    kStages * (2 * kBlockN * kHeadDim + (kHstu ? kBlockM * kBlockN : 0)) *
+                                    kStages * (2 * kBlockN * kHeadDim + (kHasRabRing ? kBlockM * kBlockN : 0)) *
                                         int(sizeof(Element));
   static constexpr bool kStoreOWithTma = !kPackGqa && !kSplitKv && kBytesMain + kBytesO + 1024 <= 227 * 1024;
   // Q slots: a second one where the budget still has room (softmax d <= 128), so the producer loads the next
@@ -219,11 +230,12 @@ struct ForwardTraitsSm90 {
       kBytesMain + kBlockM * kHeadDim * int(sizeof(Element)) + (kStoreOWithTma ? kBytesO : 0) + 1024 <= 227 * 1024
           ? 2
           : 1;
-  // HSTU calls without rab leave the rab ring unused: where the traits have one Q slot, its first kBlockM x d
-  // elements serve as a second (the kernel decides per launch, forward_kernel_sm90), so that the next tile's Q
-  // loads while the consumers finish this one instead of after their last Q K^T.
-  static constexpr bool kSpareQuerySlot =
-      kHstu && kQueryStages == 1 && cosize_v<SmemLayoutRab> >= cosize_v<SmemLayoutQ>;
+  // HSTU calls without rab to a kernel with a rab ring (no kRablessVariant) leave the ring unused: where the
+  // traits have one Q slot, its first kBlockM x d elements serve as a second (the kernel decides per launch,
+  // forward_kernel_sm90), so that the next tile's Q loads while the consumers finish this one instead of after
+  // their last Q K^T.
+  static constexpr bool kSpareQuerySlot = kHasRabRing && !kRablessVariant && kQueryStages == 1 &&
+                                          cosize_v<SmemLayoutRab> >= cosize_v<SmemLayoutQ>;
   static constexpr int kMaxQuerySlots = kQueryStages + (kSpareQuerySlot ? 1 : 0);
   static constexpr int kRowsPerWarpGroup = kBlockM / kNumMmaWarpGroups;
   // (rows of a warpgroup, d, warpgroup): each warpgroup's rows contiguous, one TMA box.
@@ -250,7 +262,7 @@ struct ForwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, kQueryStages * cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    RabStorage<kHstu, Element, SmemLayoutRab> rab;
+    RabStorage<kHasRabRing, Element, SmemLayoutRab> rab;
     OStorage<kStoreOWithTma, Element, SmemLayoutO> o;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q[kMaxQuerySlots];
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;

@@ -176,7 +176,7 @@ struct ForwardMainloopSm90 {
       }
     };
     auto load_rab = [&](uint32_t i, int n) {
-      if constexpr (kHstu) {
+      if constexpr (Traits::kHasRabRing) {
         if (p.rab == nullptr) return;
         const int rab_head = p.rab_heads == 1 ? 0 : w.coord.head;
         cute::Tensor mRab = kp.tma_rab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
@@ -374,7 +374,7 @@ struct ForwardMainloopSm90 {
     // tile and Q K^T accumulates onto it (read before the warpgroup waits for its turn at the tensor cores,
     // it costs no add in the score phase). Each branch passes a literal zero_init, so the compiler knows S's
     // old registers are dead without rab (with a run-time flag it zeroed them before every Q K^T).
-    const bool has_rab = kHstu && kp.params.rab != nullptr;
+    const bool has_rab = Traits::kHasRabRing && kp.params.rab != nullptr;
     auto issue_qk = [&](auto& tSrS) {
       auto issue = [&](bool zero_init) {
         pipeline_k.consumer_wait(read_k.state());
@@ -382,7 +382,7 @@ struct ForwardMainloopSm90 {
         warpgroup_gemm<false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, uniform_slot(read_k.state().index())), tSrS,
                               zero_init);
       };
-      if constexpr (kHstu) {
+      if constexpr (Traits::kHasRabRing) {
         if (has_rab) {
           const RabReader<Element, kBlockM, kBlockN> rab(ss.rab.rab.data(), get<0>(tScS(0)), get<1>(tScS(0)));
           pipeline_rab.consumer_wait(read_rab.state());
