@@ -111,13 +111,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   pipeline_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
   pipeline_params.is_leader = threadIdx.x == 0;
   // K and V slots are released once per consumer warp (ForwardMainloopSm90::release_slot), rab slots by every
-  // consumer thread (their shared-memory reads are the threads' own loads).
+  // consumer thread that reads the slot (their shared-memory reads are the threads' own loads).
   pipeline_params.num_consumers = kNumMmaThreads / 32;
   PipelineKV pipeline_k(ss.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   PipelineKV pipeline_v(ss.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
-  pipeline_params.num_consumers = kNumMmaThreads;
-  pipeline_params.transaction_bytes = Traits::kTmaBytesRab;
-  PipelineKV pipeline_rab(ss.pipeline_rab, pipeline_params, Shape<_1, _1, _1>{});
+  typename Traits::PipelineRab::Params rab_params;
+  rab_params.transaction_bytes = Traits::kTmaBytesRab;
+  rab_params.role = warp_group == 0 ? Traits::PipelineRab::ThreadCategory::Producer
+                                    : Traits::PipelineRab::ThreadCategory::Consumer;
+  rab_params.is_leader = threadIdx.x == 0;
+  rab_params.num_consumers = Traits::kRabSlotReaders;
+  typename Traits::PipelineRab pipeline_rab(ss.pipeline_rab, rab_params, Shape<_1, _1, _1>{});
   __syncthreads();
 
   // The Q slots of this launch and the slot and phase of the queries-th Q tile (tiles with work): HSTU without
@@ -173,7 +177,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
     const MmaScheduler<Traits::kNumMmaWarpGroups> sched{warp_group - 1};  // warp-uniform: a uniform register, not a spill
     sched.init();
-    typename Mainloop::ReadPosition read_k, read_v, read_rab;
+    typename Mainloop::ReadPosition read_k, read_v;
+    typename Mainloop::RabReadPosition read_rab;
     uint32_t queries = 0;  // tiles with work so far, as the producer counts them
     TileHandoff<kNumMmaThreads> handoff;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;
@@ -556,7 +561,7 @@ struct Sm90Forward {
                                      make_stride(p.rab_row_stride, _1{}, stride_of(p.rab_heads, p.rab_head_stride, big),
                                                  stride_of(p.batch, p.rab_batch_stride, big)));
         kp.tma_rab = make_tma_copy(SM90_TMA_LOAD{}, rab, take<0, 2>(typename T::SmemLayoutRab{}),
-                                   Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}, _1{});
+                                   Shape<Int<T::kRabTileRows>, Int<T::kBlockN>>{}, _1{});
         kp.shape_rab = rab.shape();
       }
     }

@@ -42,10 +42,10 @@ struct ForwardTileConfig {
 //   d 128: 32 KB + 2 x 64 KB                         S 64, O  64
 //   d 192: 48 KB + 2 x 84 KB, kBlockN 112            S 56, O  96
 //   d 256: 64 KB + 2 x 80 KB, kBlockN 80             S 40, O 128
-// HSTU adds stages * rab (kBlockM x kBlockN) to every stage:
+// HSTU adds a rab tile (kBlockM x kBlockN) to every stage (d 128: to one, kRabDepth):
 //   d  64: 16 KB + 3 x (32 + 32) KB
 //   d  96: 24 KB + 2 x (48 + 32) KB
-//   d 128: 32 KB + 2 x (64 + 32) KB
+//   d 128: 32 KB + 2 x 64 KB + 32 KB, and the O staging tile 32 KB
 //   d 192: 48 KB + 2 x (48 + 16) KB, kBlockN 64 (96 leaves no room for the rab ring)
 //   d 256: 64 KB + 2 x (64 + 16) KB, kBlockN 64
 // and without rab (kRabless, d 128 only: elsewhere the ring freed holds no more than the traits already have)
@@ -197,10 +197,22 @@ struct ForwardTraitsSm90 {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{},
       make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  static constexpr int kRowsPerWarpGroup = kBlockM / kNumMmaWarpGroups;
+  // The rab ring, kRabDepth blocks deep: kStages, but one block at d 128, whose second block's 32 KB hold the O
+  // staging tile instead. A one-block ring holds a tile per consumer warpgroup (its rows; slot b * warpgroups + w
+  // is warpgroup w's tile of the b-th block), so the producer loads a warpgroup's next tile as soon as that
+  // warpgroup has read this one, while the block's GEMMs run (H100 bf16, jagged max 1k / 2k / 4k / 8k with a rab,
+  // against the two-block ring of whole tiles: 293 / 374 / 462 / 502 -> 305 / 392 / 465 / 502 TFLOP/s). Deeper
+  // rings keep whole tiles, one per block (per-warpgroup tiles there: d 64 and 256 2-4% slower).
+  static constexpr int kRabDepth = kHeadDim == 128 ? 1 : kStages;
+  static constexpr int kRabTileRows = kRabDepth == 1 ? kRowsPerWarpGroup : kBlockM;
+  static constexpr int kRabTilesPerBlock = kBlockM / kRabTileRows;
+  static constexpr int kRabSlots = kRabDepth * kRabTilesPerBlock;
+  static constexpr int kRabSlotReaders = kRabTileRows / kRowsPerWarpGroup * 128;  // consumer threads per tile
   // rab tiles row-major (query rows x key columns), 128-byte swizzled: the 8 rows of one accumulator column
   // pair read by a warp fall into 8 different 16-byte chunks, so the consumers' reads are conflict-free.
   using SmemLayoutRab = decltype(tile_to_shape(SmemAtomKMajor<Element, kBlockN>{},
-                                               Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>{}));
+                                               Shape<Int<kRabTileRows>, Int<kBlockN>, Int<kRabSlots>>{}));
 
   // Global views handed to TMA: (rows, d, heads, batch) with 64-bit strides; varlen uses rows = total, batch 1.
   using ShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -213,16 +225,16 @@ struct ForwardTraitsSm90 {
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   // rab as (key position rows, key position cols, h_rab, b).
   using TmaRab = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutRab{}),
-                                        Shape<Int<kBlockM>, Int<kBlockN>>{}, _1{}));
+                                        Shape<Int<kRabTileRows>, Int<kBlockN>>{}, _1{}));
 
   // Epilogue: each consumer warpgroup stages its 64 rows of O in shared memory and one of its threads stores
   // them with TMA, so the warpgroup goes on to its next tile while the store drains. It needs kBlockM x d more
-  // shared memory: softmax d <= 128 and HSTU d 64 have it (d 128: 32 + 2 x 64 + 32 KB); the others store
-  // from registers. 1 KB of the budget is left for the barriers.
+  // shared memory: softmax d <= 128 and HSTU d <= 128 have it (d 128: 32 + 2 x 64 + 32 KB, HSTU with its one
+  // block of rab 32 KB more); the others store from registers. 1 KB of the budget is left for the barriers.
   static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kBytesMain = kBlockM * kHeadDim * int(sizeof(Element)) +
-                                    kStages * (2 * kBlockN * kHeadDim + (kHasRabRing ? kBlockM * kBlockN : 0)) *
-                                        int(sizeof(Element));
+  static constexpr int kBytesMain =
+      (kBlockM * kHeadDim + kStages * 2 * kBlockN * kHeadDim + (kHasRabRing ? kRabDepth * kBlockM * kBlockN : 0)) *
+      int(sizeof(Element));
   static constexpr bool kStoreOWithTma = !kPackGqa && !kSplitKv && kBytesMain + kBytesO + 1024 <= 227 * 1024;
   // Q slots: a second one where the budget still has room (softmax d <= 128), so the producer loads the next
   // tile's Q while the consumers work on this one; short tiles (causal s 512) otherwise wait for it.
@@ -237,7 +249,6 @@ struct ForwardTraitsSm90 {
   static constexpr bool kSpareQuerySlot = kHasRabRing && !kRablessVariant && kQueryStages == 1 &&
                                           cosize_v<SmemLayoutRab> >= cosize_v<SmemLayoutQ>;
   static constexpr int kMaxQuerySlots = kQueryStages + (kSpareQuerySlot ? 1 : 0);
-  static constexpr int kRowsPerWarpGroup = kBlockM / kNumMmaWarpGroups;
   // (rows of a warpgroup, d, warpgroup): each warpgroup's rows contiguous, one TMA box.
   using SmemLayoutO =
       decltype(tile_to_shape(SmemAtom{}, Shape<Int<kRowsPerWarpGroup>, Int<kHeadDim>, Int<kNumMmaWarpGroups>>{}));
@@ -254,9 +265,10 @@ struct ForwardTraitsSm90 {
 
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kTmaBytesRab = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kTmaBytesRab = kRabTileRows * kBlockN * sizeof(Element);
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineRab = cutlass::PipelineTmaAsync<kRabSlots>;
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, kQueryStages * cosize_v<SmemLayoutQ>, 1024> q;
@@ -267,7 +279,7 @@ struct ForwardTraitsSm90 {
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q[kMaxQuerySlots];
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     alignas(16) typename PipelineKV::SharedStorage pipeline_v;
-    alignas(16) typename PipelineKV::SharedStorage pipeline_rab;  // HSTU with rab only
+    alignas(16) typename PipelineRab::SharedStorage pipeline_rab;  // HSTU with rab only
     alignas(16) TileHandoffStorage handoff;  // dynamic tile scheduling: producer -> consumers
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);

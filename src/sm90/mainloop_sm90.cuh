@@ -1,7 +1,7 @@
 // Mainloop of the sm90 forward kernel for one tile of kBlockM (128 or 192) query rows.
 // Producer (one warp): TMA loads of Q (packed GQA: cp.async gathers) and of the K/V blocks into the shared ring,
-// K one block ahead of V
-// (HSTU with rab: the rab tile of each block right after its K; the consumers start S from it).
+// K one block ahead of V (HSTU with rab: each block's rab tiles with its K, one per block or one per consumer
+// warpgroup; the consumers start S from them).
 // Consumers (two or three warpgroups of 64 rows): S = Q K^T (wgmma from smem), softmax or the HSTU score,
 // O += P V (P from registers), with the score of block n overlapping P V of block n + 1 within a warpgroup, and
 // the wgmmas of the warpgroups taking turns (pingpong) so one warpgroup's score work hides behind the others'
@@ -92,6 +92,20 @@ struct ForwardMainloopSm90 {
     CUTE_DEVICE void advance() { ++at; }
   };
 
+  // A consumer warpgroup's read position in the rab ring: the blocks it has read. Its rows of the b-th block are
+  // in tile b * kRabTilesPerBlock + rab_tile(wg) (Traits::SmemLayoutRab).
+  struct RabReadPosition {
+    uint32_t blocks = 0;
+    CUTE_DEVICE typename Traits::PipelineRab::PipelineState state(int wg) const {
+      const uint32_t j = blocks * Traits::kRabTilesPerBlock + uint32_t(rab_tile(wg));
+      return {int(j % Traits::kRabSlots), (j / Traits::kRabSlots) & 1, j};
+    }
+    CUTE_DEVICE void advance() { ++blocks; }
+  };
+
+  // The rab tile of a block that holds consumer warpgroup wg's rows.
+  CUTE_DEVICE static int rab_tile(int wg) { return wg * Traits::kRabTilesPerBlock / Traits::kNumMmaWarpGroups; }
+
   // Releases a K or V slot after this warp's wgmmas that read it have completed (warpgroup_wait): one lane
   // arrives on the CTA-local empty barrier, which counts consumer warps (forward_sm90.cuh). The pipeline's
   // consumer_release has every consumer thread arrive through the cluster-address form: 32 times the arrivals
@@ -120,8 +134,8 @@ struct ForwardMainloopSm90 {
   // to slot `q_slot` of the Q ring once `acquire_q_slot()` returns (the slot's previous tile is done with it).
   template <class KernelParams, class AcquireQSlot>
   CUTE_DEVICE static uint32_t load(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                               PipelineKV& pipeline_v, PipelineKV& pipeline_rab, uint32_t loaded, int q_slot,
-                               AcquireQSlot const& acquire_q_slot, TileWork const& w) {
+                               PipelineKV& pipeline_v, typename Traits::PipelineRab& pipeline_rab, uint32_t loaded,
+                               int q_slot, AcquireQSlot const& acquire_q_slot, TileWork const& w) {
     const detail::Params& p = kp.params;
     // The write position of the i-th block of the launch; the producer's start phase is 1: the ring starts empty.
     auto write_slot = [](uint32_t i) {
@@ -175,22 +189,31 @@ struct ForwardMainloopSm90 {
         copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q[q_slot]), 0), tQgQ, tQsQ);
       }
     };
+    // The rab tiles of block n (Traits::kRabTilesPerBlock), the i-th block's slots.
     auto load_rab = [&](uint32_t i, int n) {
       if constexpr (Traits::kHasRabRing) {
         if (p.rab == nullptr) return;
+        constexpr int kTiles = Traits::kRabTilesPerBlock;
+        constexpr int kRows = Traits::kRabTileRows;
         const int rab_head = p.rab_heads == 1 ? 0 : w.coord.head;
         cute::Tensor mRab = kp.tma_rab.get_tma_tensor(kp.shape_rab);  // (max_sk, max_sk, h_rab, b)
         cute::Tensor gRab = local_tile(
             domain_offset(make_coord(int(w.seq.sk - w.seq.sq), _0{}), mRab(_, _, rab_head, w.coord.batch)),
-            Shape<Int<kBlockM>, Int<kBlockN>>{}, make_coord(w.coord.m_block, _));  // (kBlockM, kBlockN, n)
-        cute::Tensor sRab = cute::make_tensor(make_smem_ptr(ss.rab.rab.data()), typename Traits::SmemLayoutRab{});  // (kBlockM, kBlockN, kStages)
+            Shape<Int<kRows>, Int<kBlockN>>{}, make_coord(_, _));  // (kRows, kBlockN, row tiles, n)
+        cute::Tensor sRab = cute::make_tensor(make_smem_ptr(ss.rab.rab.data()), typename Traits::SmemLayoutRab{});  // (kRows, kBlockN, kRabSlots)
         auto rab_part = tma_partition(kp.tma_rab, _0{}, Layout<_1>{}, group_modes<0, 2>(sRab), group_modes<0, 2>(gRab));
-        cute::Tensor tRgRab = get<0>(rab_part);  // (TMA, n)
-        cute::Tensor tRsRab = get<1>(rab_part);  // (TMA, kStages)
-        PipelineState write = write_slot(i);
-        pipeline_rab.producer_acquire(write);
-        if (leader)
-          copy(kp.tma_rab.with(*pipeline_rab.producer_get_barrier(write), 0), tRgRab(_, n), tRsRab(_, write.index()));
+        cute::Tensor tRgRab = get<0>(rab_part);  // (TMA, row tiles, n)
+        cute::Tensor tRsRab = get<1>(rab_part);  // (TMA, kRabSlots)
+        CUTE_UNROLL
+        for (int t = 0; t < kTiles; ++t) {
+          const uint32_t j = i * kTiles + t;
+          typename Traits::PipelineRab::PipelineState write(int(j % Traits::kRabSlots),
+                                                            ((j / Traits::kRabSlots) & 1) ^ 1, j);
+          pipeline_rab.producer_acquire(write);
+          if (leader)
+            copy(kp.tma_rab.with(*pipeline_rab.producer_get_barrier(write), 0),
+                 tRgRab(_, w.coord.m_block * kTiles + t, n), tRsRab(_, write.index()));
+        }
       }
     };
 
@@ -209,10 +232,13 @@ struct ForwardMainloopSm90 {
       load_k(i, n);
       load_rab(i, n);
     }
+    // A one-block rab ring (kRabDepth 1) frees as the consumers read block n's tiles: V of block n goes before
+    // the next block's rab tiles, whose wait for those reads would otherwise hold it back.
     for (int next = w.next_block(n); next >= w.n_min; n = next, next = w.next_block(n), ++i) {
       load_k(i + 1, next);
-      load_rab(i + 1, next);
+      if constexpr (Traits::kRabDepth > 1) load_rab(i + 1, next);
       load_v(i, n);
+      if constexpr (Traits::kRabDepth == 1) load_rab(i + 1, next);
     }
     load_v(i, n);
     return i + 1;
@@ -252,8 +278,9 @@ struct ForwardMainloopSm90 {
   // `tid` is the thread's index among the consumer threads.
   template <class KernelParams, class FragO, class Score>
   CUTE_DEVICE static void mma(KernelParams const& kp, SharedStorage& ss, PipelineKV& pipeline_k,
-                              PipelineKV& pipeline_v, PipelineKV& pipeline_rab, ReadPosition& read_k,
-                              ReadPosition& read_v, ReadPosition& read_rab, TileWork const& w, int q_slot, int tid,
+                              PipelineKV& pipeline_v, typename Traits::PipelineRab& pipeline_rab,
+                              ReadPosition& read_k, ReadPosition& read_v, RabReadPosition& read_rab,
+                              TileWork const& w, int q_slot, int tid,
                               MmaScheduler<Traits::kNumMmaWarpGroups> const& sched, FragO& tOrO, Score& score) {
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
@@ -384,10 +411,13 @@ struct ForwardMainloopSm90 {
       };
       if constexpr (Traits::kHasRabRing) {
         if (has_rab) {
-          const RabReader<Element, kBlockM, kBlockN> rab(ss.rab.rab.data(), get<0>(tScS(0)), get<1>(tScS(0)));
-          pipeline_rab.consumer_wait(read_rab.state());
-          rab.load(tSrS, read_rab.state().index());
-          pipeline_rab.consumer_release(read_rab.state());
+          constexpr int kRows = Traits::kRabTileRows;
+          const RabReader<Element, kRows, kBlockN> rab(ss.rab.rab.data(), get<0>(tScS(0)) - rab_tile(sched.wg) * kRows,
+                                                       get<1>(tScS(0)));
+          const auto read = read_rab.state(sched.wg);
+          pipeline_rab.consumer_wait(read);
+          rab.load(tSrS, read.index());
+          pipeline_rab.consumer_release(read);
           read_rab.advance();
           issue(false);
           return;
