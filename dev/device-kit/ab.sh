@@ -19,6 +19,7 @@ G[hstujf]="--kind hstu --d 128 --backend sm90 --directions fwd --seqlen 1024,204
 G[hstujfr]="--kind hstu --d 128 --rab --backend sm90 --directions fwd --seqlen 1024,2048,4096,8192 --peers cuteattn"
 G[hstujfr64]="--kind hstu --d 64 --rab --backend sm90 --directions fwd --seqlen 1024,4096 --peers cuteattn"
 G[hstujfr256]="--kind hstu --d 256 --rab --backend sm90 --directions fwd --seqlen 1024,4096 --peers cuteattn"
+G[sfwd128c]="--kind fa --backend sm90 --directions fwd --d 128 --causal --seqlen 1024,4096,16384 --peers cuteattn,sdpa-cudnn"
 G[hstufwd]="--kind hstu --dense --d 128 --backend sm90 --directions fwd --seqlen 2048,4096,16384 --peers cuteattn"
 G[fwd256c]="--kind fa --backend sm80 --directions fwd --d 256 --causal --seqlen 512,1024,2048 --peers cuteattn,sdpa-flash"
 G[fwd256]="--kind fa --backend sm80 --directions fwd --d 256 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"

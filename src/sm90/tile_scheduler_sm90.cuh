@@ -131,9 +131,9 @@ struct TileHandoff {
     s.full.init(1);
     s.empty.init(kNumMmaThreads);
   }
-  // Whole producer warp, before loading `tile`: claims the tile after it (counter: global, zero at the launch;
-  // null = static round-robin). The atomic's result is first read in producer_publish, so its latency hides
-  // behind the loads; one lane holds it until then.
+  // Whole producer warp, before or after loading `tile` (forward_kernel_sm90 says when): claims the tile after it
+  // (counter: global, zero at the launch; null = static round-robin); one lane holds the result until
+  // producer_publish.
   CUTE_DEVICE static int producer_claim(int* counter, int tile) {
     if (counter == nullptr) return tile + int(gridDim.x);
     return cute::elect_one_sync() ? atomicAdd(counter, 1) + int(gridDim.x) : 0;
