@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     // at one m block) run at the same time and share the rab tiles in L2. Claimed before the loads, a tile
     // started up to a whole tile later than its neighbours, and the HSTU forward read the shared rab tiles 2.9
     // times from DRAM (ncu, H100, jagged max 8k, h 4). H100 bf16, jagged d 128 h 4 with one rab head, same
-    // process: max 4k / 8k 438-468 / 469-473 -> 476-486 / 490-516 TFLOP/s; without rab the late claim cost 1-3%.
+    // process: max 4k / 8k 441-447 / 464-468 -> 451-458 / 492-495 TFLOP/s; without rab the late claim cost 1-3%.
     const bool claim_late = Traits::kHasRabRing && kp.params.rab != nullptr && kp.params.rab_heads < kp.params.heads;
     for (int tile = blockIdx.x; tile < kp.scheduler.num_tiles;) {
       int claimed = 0;
