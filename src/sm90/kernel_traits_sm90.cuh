@@ -127,8 +127,8 @@ struct OStorage<true, Element, SmemLayoutO> {
 // which write fp32 partial O and LSE into the workspace for the combine kernel (cuda/split_kv_combine.cuh).
 // kRabless: HSTU launches without rab (d 128: kRablessVariant): no rab ring, so the shared memory it
 // would take holds the O staging tile of the TMA-store epilogue and a second Q slot, as in the softmax d 128
-// kernel (H100 bf16, causal, h 4, against the rab kernel without rab: dense s 2k 484 -> 510 TFLOP/s, 4k 567 ->
-// 594, 16k 676 -> 685; jagged max 1k 336 -> 365, 2k 442 -> 481, 4k 537 -> 565).
+// kernel (H100 bf16, causal, h 4, same process, against the rab kernel without rab: dense s 2k 477 -> 524 TFLOP/s,
+// 4k 550 -> 604, 16k 666 -> 708; jagged max 1k 328 -> 404, 2k 445 -> 482, 4k 549 -> 585).
 template <DType kDType, int kHeadDim_, bool kHstu_, bool kWideKeys_ = false, bool kLongRows_ = false,
           bool kPackGqa_ = false, bool kSplitKv_ = false, bool kRabless_ = false>
 struct ForwardTraitsSm90 {
