@@ -6,9 +6,10 @@
 set -uo pipefail
 name=$1 fams=$2 dtypes=$3 tests=$4
 log=${LOG:-$OUT/$name-build.log}
+# Unpacked once per machine: builds running side by side share the headers.
 mkdir -p /tmp/cuteattn-deps
-tar xzf .deps/cutlass-include.tar.gz -C /tmp/cuteattn-deps
-tar xzf .deps/googletest-src.tar.gz -C /tmp/cuteattn-deps
+[ -d /tmp/cuteattn-deps/cutlass-include ] || tar xzf .deps/cutlass-include.tar.gz -C /tmp/cuteattn-deps
+[ -d /tmp/cuteattn-deps/googletest ] || tar xzf .deps/googletest-src.tar.gz -C /tmp/cuteattn-deps
 t0=$SECONDS
 scripts/build "$name" -DCUTEATTN_TESTS="$tests" -DCUTEATTN_CLI=OFF -DCUTEATTN_ARCHS=90a \
   -DCUTEATTN_CUTLASS_INCLUDE=/tmp/cuteattn-deps/cutlass-include -DCUTEATTN_GTEST_SOURCE=/tmp/cuteattn-deps/googletest \

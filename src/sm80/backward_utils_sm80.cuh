@@ -136,6 +136,18 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
 #endif
 }
 
+// dst[0..3] += (a, b, c, d) in global memory, fire-and-forget: one vector reduction on sm90 (dst 16-byte aligned),
+// four scalar ones before (PTX for the reason given at red_add_f32x2).
+__device__ __forceinline__ void red_add_f32x4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+#else
+  red_add_f32x2(dst, a, b);
+  red_add_f32x2(dst + 2, c, d);
+#endif
+}
+
 // Floats one dQ reduction adds: a red.v4 on sm90 (16-byte aligned), a scalar red before. Device code only: the
 // dQ workspace's element order (DqTiles) depends on it, so the main kernel and convert_dq_tiles_kernel, compiled
 // for the same arch, agree on it.

@@ -12,12 +12,13 @@
 // from shared memory, dS; the warpgroups own column halves of dK and dV for all 64 keys (dV starts once P is
 // stored), and dQ goes to the workspace by fp32 vector reductions from the registers.
 // dS leaves out the softmax scale: dK gets it in the epilogue, dQ in the conversion kernel.
-// HSTU (Traits::kHstu): the rab tile comes with Q and dO into the dS buffer of the step; the consumers read it
-// into the S accumulator (Q K^T accumulates onto it), form P = silu(alpha u) / scaling and its derivative from
-// u = qk + rab, and dS = dP * dP/du; query blocks that see none of the key block (contextual and target masks
-// leave gaps inside the row range) are skipped by producer and consumers alike. dRab: one rab head per query
-// head, the dS tile goes out by a TMA store; one rab head shared by several, fp32 reduce-adds into the
-// workspace.
+// HSTU (Traits::kHstu): S^T and dP^T with the keys as M (Traits::kSwapSdP), so dV and dK take P^T and dS^T
+// from the registers; the rab tile comes with Q and dO into the dS buffer of the step; the consumers read it
+// transposed into the S^T accumulator (K Q^T accumulates onto it), form P = silu(alpha u) / scaling and its
+// derivative from u = qk + rab, and dS = dP * dP/du; query blocks that see none of the key block (contextual and
+// target masks leave gaps inside the row range) are skipped by producer and consumers alike. dRab: one rab head
+// per query head, the dS tile goes out by a TMA store; one rab head shared by several, fp32 reduce-adds of the
+// dS tile into the workspace.
 #pragma once
 
 #include <cmath>
@@ -320,18 +321,53 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     cute::Tensor sK = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});       // (kBlockN, kHeadDim)
     cute::Tensor sKt = cute::make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});     // (kHeadDim, kBlockN)
     cute::Tensor sV = cute::make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});       // (kBlockN, kHeadDim)
-    cute::Tensor sP = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutP{});       // (kBlockM, kBlockN, kPBuffers)
-    cute::Tensor sPt = cute::make_tensor(make_smem_ptr(ss.p.data()), typename Traits::SmemLayoutPt{});     // (kBlockN, kBlockM, kPBuffers)
+    // Softmax: the P tile(s) in shared memory (stmatrix's destination, P^T the A operand of dV) and dS^T as the A
+    // operand of dK from shared memory. HSTU (kSwapSdP) takes P^T and dS^T from the registers: none of these (0).
+    auto sP = [&] {
+      if constexpr (!Traits::kSwapSdP) {
+        return cute::make_tensor(make_smem_ptr(ss.ptile.p.data()), typename Traits::SmemLayoutP{});  // (kBlockM, kBlockN, kPBuffers)
+      } else {
+        return 0;
+      }
+    }();
     cute::Tensor sdS = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN, 2)
     cute::Tensor sdSt = cute::make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM, 2)
 
-    cute::Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ);      // (MMA, MMA_M, MMA_K, kStages)
-    cute::Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);      // (MMA, MMA_N, MMA_K)
-    cute::Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO);   // (MMA, MMA_M, MMA_K, kStages)
-    cute::Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);     // (MMA, MMA_N, MMA_K)
-    cute::Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPt);   // (MMA, MMA_M, MMA_K, kPBuffers)
+    // The S and dP GEMMs take Q and dO as A, K and V as B; where kSwapSdP (S^T, dP^T) the other way round.
+    auto query_operand = [&](auto const& sX) {
+      if constexpr (Traits::kSwapSdP) {
+        return thr_mma_sdp.partition_fragment_B(sX);
+      } else {
+        return thr_mma_sdp.partition_fragment_A(sX);
+      }
+    };
+    auto key_operand = [&](auto const& sX) {
+      if constexpr (Traits::kSwapSdP) {
+        return thr_mma_sdp.partition_fragment_A(sX);
+      } else {
+        return thr_mma_sdp.partition_fragment_B(sX);
+      }
+    };
+    cute::Tensor tSrQ = query_operand(sQ);    // (MMA, MMA_M, MMA_K, kStages), kSwapSdP (MMA, MMA_N, MMA_K, kStages)
+    cute::Tensor tSrK = key_operand(sK);      // (MMA, MMA_N, MMA_K), kSwapSdP (MMA, MMA_M, MMA_K)
+    cute::Tensor tdPrdO = query_operand(sdO);  // like tSrQ
+    cute::Tensor tdPrV = key_operand(sV);      // like tSrK
+    auto tdVrPt = [&] {
+      if constexpr (!Traits::kSwapSdP) {
+        cute::Tensor sPt = cute::make_tensor(make_smem_ptr(ss.ptile.p.data()), typename Traits::SmemLayoutPt{});  // (kBlockN, kBlockM, kPBuffers)
+        return thr_mma_dkv.partition_fragment_A(sPt);  // (MMA, MMA_M, MMA_K, kPBuffers)
+      } else {
+        return 0;
+      }
+    }();
     cute::Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt); // (MMA, MMA_N, MMA_K, kStages)
-    cute::Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdSt); // (MMA, MMA_M, MMA_K, 2)
+    auto tdKrdSt = [&] {
+      if constexpr (!Traits::kSwapSdP) {
+        return thr_mma_dkv.partition_fragment_A(sdSt);  // (MMA, MMA_M, MMA_K, 2)
+      } else {
+        return 0;
+      }
+    }();
     cute::Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K, kStages)
     cute::Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, 2)
     // K^T as dQ's B operand: this warpgroup's column half; dQ by turns both halves, (MMA, MMA_N, MMA_K, half).
@@ -346,10 +382,35 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     typename Traits::SmemCopyPdS smem_copy_pds;
     auto thr_copy_pds = smem_copy_pds.get_thread_slice(sdp_tid);
-    cute::Tensor tPsP = thr_copy_pds.partition_D(sP);     // (CPY, CPY_M, CPY_N, kPBuffers)
-    cute::Tensor tdSsdS = thr_copy_pds.partition_D(sdS);  // (CPY, CPY_M, CPY_N, 2)
+    auto tPsP = [&] {
+      if constexpr (!Traits::kSwapSdP) {
+        return thr_copy_pds.partition_D(sP);  // (CPY, CPY_M, CPY_N, kPBuffers)
+      } else {
+        return 0;
+      }
+    }();
+    // dS into its buffer (kSwapSdP: from dS^T, through the tile's (keys, rows) view).
+    cute::Tensor tdSsdS = [&] {
+      if constexpr (Traits::kSwapSdP) {
+        return thr_copy_pds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, 2)
+      } else {
+        return thr_copy_pds.partition_D(sdS);  // (CPY, CPY_M, CPY_N, 2)
+      }
+    }();
+    // HSTU: P^T and dS^T of a step in the A operand layout of dV and dK. Those wgmmas read them until the step's
+    // last wait, so they are declared per step, at the step's scope.
+    auto a_operand_tile = [&] {
+      if constexpr (Traits::kSwapSdP) {
+        using AccLayout = decltype(partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}).layout());
+        return cute::make_tensor<Element>(acc_as_a_operand(AccLayout{}));  // (MMA, MMA_M, MMA_K)
+      } else {
+        return 0;
+      }
+    };
 
-    cute::Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});   // (kBlockM, kBlockN)
+    // The (query row, key) coordinates of the S accumulator, (key, query row) where kSwapSdP.
+    cute::Tensor cS = make_identity_tensor(
+        std::conditional_t<Traits::kSwapSdP, Shape<Int<kBlockN>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kBlockN>>>{});
     cute::Tensor tScS = thr_mma_sdp.partition_C(cS);                                 // (MMA, MMA_M, MMA_N)
     cute::Tensor c_rc = cute::make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (rows, cols)
     constexpr int kRows = decltype(size<0>(c_rc))::value;
@@ -408,6 +469,28 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           Traits::kdQWriterThreads, static_cast<uint32_t>(h == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1));
     };
 
+    // HSTU, one rab head for several query heads (kp.drab_accum): the step's dS tile as it is in shared memory
+    // (rounded as for dQ, like each head's tile where the heads' dRab is staged or per head) added into the fp32
+    // (b, max_sk, drab_ld) sums, 4 keys per 16-byte reduction, rows inside the sequence's queries and 4-key chunks
+    // starting inside its keys (drab_ld is a multiple of 4; masked keys add dS = 0). From the registers, a
+    // reduction per value (adjacent values of a thread are query rows) spilled their addresses.
+    auto add_drab = [&](int64_t m0, int buf) {
+      const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
+      float* accum = kp.drab_accum + (int64_t(bi) * p.seqlen_k + m0 + sinfo.sk - sinfo.sq) * kp.drab_ld + n0;
+      const int rows = int(detail::min64(sinfo.sq - m0, kBlockM)), cols = int(detail::min64(sinfo.sk - n0, kBlockN));
+      constexpr int kChunksPerRow = kBlockN / 4;
+      CUTE_UNROLL
+      for (int q = consumer_thread_index<true>(); q < kBlockM * kChunksPerRow; q += kNumMmaThreads) {
+        const int i = q / kChunksPerRow, j = q % kChunksPerRow * 4;
+        if (i >= rows || j >= cols) continue;
+        uint32_t bits[2];
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
+                     : "=r"(bits[0]), "=r"(bits[1])
+                     : "r"(cast_smem_ptr_to_uint(&sdS(i, j, buf))));
+        const auto v = reinterpret_cast<cutlass::Array<Element, 4> const&>(bits);
+        detail::sm80_bwd::red_add_f32x4(accum + i * kp.drab_ld + j, float(v[0]), float(v[1]), float(v[2]), float(v[3]));
+      }
+    };
     const HstuPointwise hstu(p);
     const float half_dprob_scale = 0.5f * p.alpha * p.inv_scaling_seqlen;
     const bool drab_store = Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr;
@@ -427,18 +510,40 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         if constexpr (Traits::kHstu || !kFullRange) full_tile = mk.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
         if constexpr (Traits::kHstu) {
           static_assert(kRows * kCols <= 8 * sizeof(Visibility), "one visibility bit per accumulator value");
+          static_assert(Traits::kSwapSdP, "HSTU accumulators hold (key, query row) values");
           if (!full_tile) {
+            // A thread's values cover kCols query rows (accumulator columns), 16 at d 128. Each lane asks the mask
+            // for the key spans of query rows 2 lane and 2 lane + 1 instead, packed as bytes (a.begin, a.end,
+            // b.begin, b.end relative to n0, clamped to [0, kBlockN]), and every thread takes its rows' spans
+            // from the lanes by shuffles. Column c = 2 k + e of lane l's accumulator is query row 8 k + 2 (l % 4) + e
+            // (the wgmma accumulator layout), whose spans lane 4 k + l % 4 found (as source lanes taken from the
+            // coordinates, hoisted out of the step loop, they spilled).
+            static_assert(kBlockM == 64 && kBlockN < 256, "two query rows per lane, spans in bytes");
+            const int lane = cutlass::canonical_lane_idx();
+            uint32_t spans[2];
+            CUTE_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              detail::Range a, b;
+              detail::visible_spans(mk, m0 + 2 * lane + e, &a, &b);
+              auto rel = [n0](int64_t x) { return uint32_t(detail::min64(detail::max64(x - n0, 0), kBlockN)); };
+              spans[e] = rel(a.begin) | rel(a.end) << 8 | rel(b.begin) << 16 | rel(b.end) << 24;
+            }
             visible = 0;
             CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              detail::Range a, b;
-              detail::visible_spans(mk, m0 + get<0>(c_rc(r, 0)), &a, &b);
-              const int a_lo = int(a.begin - n0), a_hi = int(a.end - n0);
-              const int b_lo = int(b.begin - n0), b_hi = int(b.end - n0);
+            for (int c = 0; c < kCols; c += 2) {
+              const int from = (lane & 3) + 2 * c;
+              const uint32_t pair[2] = {__shfl_sync(0xffffffffu, spans[0], from),
+                                        __shfl_sync(0xffffffffu, spans[1], from)};
               CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                const int j = get<1>(c_rc(r, c));
-                if ((j >= a_lo && j < a_hi) || (j >= b_lo && j < b_hi)) visible |= Visibility(1) << (r * kCols + c);
+              for (int e = 0; e < 2; ++e) {
+                const int a_lo = int(pair[e] & 0xffu), a_hi = int(pair[e] >> 8 & 0xffu);
+                const int b_lo = int(pair[e] >> 16 & 0xffu), b_hi = int(pair[e] >> 24);
+                CUTE_UNROLL
+                for (int r = 0; r < kRows; ++r) {
+                  const int j = get<0>(c_rc(r, c + e));
+                  if ((j >= a_lo && j < a_hi) || (j >= b_lo && j < b_hi))
+                    visible |= Visibility(1) << (r * kCols + c + e);
+                }
               }
             }
           }
@@ -447,6 +552,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       const int stage = read.index();
       const int buf = stage;
       const int pbuf = Traits::kPBuffers == 1 ? 0 : buf;
+      [[maybe_unused]] auto rPt = a_operand_tile();
+      [[maybe_unused]] auto rdSt = a_operand_tile();
 
       pipeline.consumer_wait(read);
       // Softmax: P = exp2(score * scale_log2 - LSE_log2) in place in the S accumulator, masked on tiles not every
@@ -537,80 +644,88 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         }
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
-      } else {
-        cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
-        cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
-        if constexpr (Traits::kHstu) {
-          // rab of this warpgroup's 64 keys: the second half of each 128-key buffer row lies kBlockM rows of 128-byte
-          // atoms further (SmemLayoutdS stacks its atoms along the rows first); one reader per 64-row MMA tile.
-          // The thread's coordinates from a thread index read again here (kept from before the loop, they spilled).
-          if (has_rab) {
-            const int t = consumer_thread_index<true>();
-            cute::Tensor tScS_t = tiled_mma_sdp.get_thread_slice(t).partition_C(cS);  // (MMA, MMA_M, MMA_N)
-            const int w = t / 128;
-            CUTE_UNROLL
-            for (int mi = 0; mi < size<1>(tSrS); ++mi) {
-              const RabReader<Element, kBlockM, kBlockN / 2> rab(
-                  ss.ds.data() + buf * (kBlockM * kBlockN) + w * (kBlockM * kBlockN / 2), get<0>(tScS_t(0, mi, 0)),
-                  get<1>(tScS_t(0, mi, 0)) - w * (kBlockN / 2));
-              cute::Tensor tSrS_mi = tSrS(_, mi, _);  // (MMA, MMA_N)
-              rab.load(tSrS_mi, 0);
-            }
-          }
+      } else if constexpr (Traits::kSwapSdP) {
+        // HSTU: S^T = K Q^T and dP^T = V dO^T, this warpgroup's 64 keys as M; (rows, cols) of the accumulators
+        // are (keys, query rows).
+        cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});   // (MMA, MMA_M, MMA_N)
+        cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});  // (MMA, MMA_M, MMA_N)
+        if (has_rab) {
+          // rab^T of this warpgroup's keys out of the step's (rows, keys) rab tile by ldmatrix.trans, into the
+          // S^T accumulator (K Q^T accumulates onto it). The thread's slice from a thread index read again here.
+          typename Traits::SmemLoadRabT smem_load_rab;
+          auto thr_load_rab = smem_load_rab.get_thread_slice(consumer_thread_index<true>());
+          cute::Tensor rRab = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+          copy(smem_load_rab, thr_load_rab.partition_S(sdSt)(_, _, _, buf), thr_load_rab.retile_D(rRab));
+          convert_fragment(rRab, tSrS);
         }
-        warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, !has_rab);
-        warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tdPrdP, true);
+        warpgroup_gemm<false>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, !has_rab);
+        warpgroup_gemm<false>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP, true);
         warpgroup_wait<1>();
 
-        cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (rows, cols)
-        cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());                     // (MMA, MMA_M, MMA_N)
-        // HSTU: dP/du, rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP accumulators
-        // spilled at d 128).
-        cute::Tensor rDp = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
-        if constexpr (Traits::kHstu) {
-          // u = qk + rab, s = alpha u, t = tanh(s / 2) (one MUFU operation per element), sigmoid(s) = (1 + t) / 2:
-          // P = silu(s) / scaling = u alpha / 2 (1 + t) / scaling into rP, and dP/du = alpha dsilu(s) / scaling
-          // = alpha / scaling (sigmoid(s) + s sigmoid(s) (1 - sigmoid(s))) = alpha / scaling (1 + t) / 2
-          // (1 + s (1 - t) / 2) into rDp, both 0 where masked; dS = dP dP/du below.
-          cute::Tensor p_rc = cute::make_tensor(rP.data(), acc_rowcol(rP.layout()));     // (rows, cols)
-          cute::Tensor dp_du_rc = cute::make_tensor(rDp.data(), acc_rowcol(rDp.layout()));  // (rows, cols)
-          // Column pairs (c, c + 1) are adjacent values of a fragment: one packed conversion each.
-          using Pair = cutlass::Array<Element, 2>;
-          cutlass::NumericArrayConverter<Element, float, 2> convert_pair;
+        // u = qk + rab, s = alpha u, t = tanh(s / 2) (one MUFU operation per element), sigmoid(s) = (1 + t) / 2:
+        // P = silu(s) / scaling = u alpha / 2 (1 + t) / scaling into rPt, and dP/du = alpha dsilu(s) / scaling
+        // = alpha / scaling (sigmoid(s) + s sigmoid(s) (1 - sigmoid(s))) = alpha / scaling (1 + t) / 2
+        // (1 + s (1 - t) / 2) into rDp, both 0 where masked; dS = dP dP/du below. dP/du is rounded to the input
+        // dtype like P (an fp32 copy next to the dK, dV and dP accumulators spilled at d 128).
+        cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (keys, rows)
+        cute::Tensor rDp = cute::make_tensor<Element>(tSrS.layout());                    // (MMA, MMA_M, MMA_N)
+        cute::Tensor p_rc = cute::make_tensor(rPt.data(), acc_rowcol(tSrS.layout()));     // (keys, rows)
+        cute::Tensor dp_du_rc = cute::make_tensor(rDp.data(), acc_rowcol(rDp.layout()));  // (keys, rows)
+        // Column pairs (c, c + 1) are adjacent values of a fragment: one packed conversion each.
+        using Pair = cutlass::Array<Element, 2>;
+        cutlass::NumericArrayConverter<Element, float, 2> convert_pair;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; c += 2) {
+            cutlass::Array<float, 2> prob, dp_du;
+            CUTE_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const float u = s_rc(r, c + e);
+              const float half_s = u * hstu.half_alpha;
+              const float t = tanh_approx(half_s);
+              prob[e] = hstu.prob(u, t);
+              // alpha / scaling (1 + t) / 2 times (1 + s / 2 - t s / 2)
+              dp_du[e] = fmaf(half_dprob_scale, t, half_dprob_scale) * fmaf(-half_s, t, 1.0f + half_s);
+            }
+            *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
+            *reinterpret_cast<Pair*>(&dp_du_rc(r, c)) = convert_pair(dp_du);
+          }
+        }
+        if (!full_tile) {
           CUTE_UNROLL
           for (int r = 0; r < kRows; ++r) {
             CUTE_UNROLL
-            for (int c = 0; c < kCols; c += 2) {
-              cutlass::Array<float, 2> prob, dp_du;
-              CUTE_UNROLL
-              for (int e = 0; e < 2; ++e) {
-                const float u = s_rc(r, c + e);
-                const float half_s = u * hstu.half_alpha;
-                const float t = tanh_approx(half_s);
-                prob[e] = hstu.prob(u, t);
-                // alpha / scaling (1 + t) / 2 times (1 + s / 2 - t s / 2)
-                dp_du[e] = fmaf(half_dprob_scale, t, half_dprob_scale) * fmaf(-half_s, t, 1.0f + half_s);
-              }
-              *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
-              *reinterpret_cast<Pair*>(&dp_du_rc(r, c)) = convert_pair(dp_du);
-            }
-          }
-          if (!full_tile) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; ++c) {
-                if (!((visible >> (r * kCols + c)) & 1u)) {
-                  p_rc(r, c) = static_cast<Element>(0.0f);
-                  dp_du_rc(r, c) = static_cast<Element>(0.0f);
-                }
+            for (int c = 0; c < kCols; ++c) {
+              if (!((visible >> (r * kCols + c)) & 1u)) {
+                p_rc(r, c) = static_cast<Element>(0.0f);
+                dp_du_rc(r, c) = static_cast<Element>(0.0f);
               }
             }
           }
-        } else {
-          softmax_probs(tSrS, ss.row_stats.lse2_dsum[stage]);
-          convert_fragment(tSrS, rP);
         }
+        // dV of this warpgroup's keys from P^T in the registers: no store, no barrier.
+        warpgroup_gemm<true>(tiled_mma_dkv, rPt, tdVrdOt(_, _, _, stage), tdVrdV, false);
+
+        warpgroup_wait<1>();
+        // dS = dP dP/du (0 where masked).
+        CUTE_UNROLL
+        for (int e = 0; e < size(tdPrdP); ++e) tdPrdP(e) *= static_cast<float>(rDp(e));
+        convert_fragment(tdPrdP, rdSt);
+        cute::Tensor rdSt_acc = cute::make_tensor(rdSt.data(), tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
+        copy(smem_copy_pds, thr_copy_pds.retile_S(rdSt_acc), tdSsdS(_, _, _, buf));
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kNumMmaThreads, static_cast<uint32_t>(BwdBarrier::kPdSWritten));
+      } else {
+        cute::Tensor tSrS = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});   // (MMA, MMA_M, MMA_N)
+        cute::Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+        warpgroup_gemm<false>(tiled_mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS, true);
+        warpgroup_gemm<false>(tiled_mma_sdp, tdPrdO(_, _, _, stage), tdPrV, tdPrdP, true);
+        warpgroup_wait<1>();
+
+        cute::Tensor rP = cute::make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+        softmax_probs(tSrS, ss.row_stats.lse2_dsum[stage]);
+        convert_fragment(tSrS, rP);
         copy(smem_copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, pbuf));
         // dV of this warpgroup's keys reads only the P columns it wrote: it starts once they are visible to wgmma.
         cutlass::arch::fence_view_async_shared();
@@ -618,32 +733,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         warpgroup_gemm<false>(tiled_mma_dkv, tdVrPt(_, _, _, pbuf), tdVrdOt(_, _, _, stage), tdVrdV, false);
 
         warpgroup_wait<1>();
-        cute::Tensor dp_rc = cute::make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));  // (rows, cols)
-        if constexpr (Traits::kHstu) {
-          // dS = dP dP/du (0 where masked).
-          CUTE_UNROLL
-          for (int e = 0; e < size(tdPrdP); ++e) tdPrdP(e) *= static_cast<float>(rDp(e));
-          if (kp.drab_accum != nullptr) {
-            // One rab head for several query heads: fp32 column pairs added into the (b, max_sk, drab_ld) sums,
-            // rows inside the sequence's queries and columns inside its keys (the buffer's zeroed part).
-            const detail::SequenceInfo sinfo = detail::SequenceInfo::of(p, bi);
-            float* accum = kp.drab_accum + (int64_t(bi) * p.seqlen_k + m0 + sinfo.sk - sinfo.sq) * kp.drab_ld + n0;
-            const bool inside = m0 + kBlockM <= sinfo.sq && n0 + kBlockN <= sinfo.sk;
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              const int i = get<0>(c_rc(r, 0));
-              if (!inside && m0 + i >= sinfo.sq) continue;
-              CUTE_UNROLL
-              for (int c = 0; c < kCols; c += 2) {
-                const int j = get<1>(c_rc(r, c));
-                if (inside || n0 + j < sinfo.sk)
-                  detail::sm80_bwd::red_add_f32x2(accum + i * kp.drab_ld + j, dp_rc(r, c), dp_rc(r, c + 1));
-              }
-            }
-          }
-        } else {
-          softmax_dscores(tdPrdP, rP, ss.row_stats.lse2_dsum[stage]);
-        }
+        softmax_dscores(tdPrdP, rP, ss.row_stats.lse2_dsum[stage]);
         cute::Tensor rdS = cute::make_tensor<Element>(tdPrdP.layout());  // (MMA, MMA_M, MMA_N)
         convert_fragment(tdPrdP, rdS);
         copy(smem_copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buf));
@@ -664,6 +754,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           copy(kp.tma_drab, get<1>(drab_part)(_, buf), get<0>(drab_part));
           tma_store_arrive();
         }
+        if (kp.drab_accum != nullptr) add_drab(m0, buf);
       }
 
       if constexpr (Traits::kdQTurns) {
@@ -689,7 +780,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       } else {
         cute::Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
         warpgroup_gemm<false>(tiled_mma_dq, tdQrdS(_, _, _, buf), tdQrKt, tdQrdQ, true);
-        warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
+        if constexpr (Traits::kSwapSdP) {
+          warpgroup_gemm<true>(tiled_mma_dkv, rdSt, tdKrQt(_, _, _, stage), tdKrdK, false);
+        } else {
+          warpgroup_gemm<false>(tiled_mma_dkv, tdKrdSt(_, _, _, buf), tdKrQt(_, _, _, stage), tdKrdK, false);
+        }
         warpgroup_wait<1>();
         if constexpr (Traits::kdQAtomic) {
           // dQ of the tile's rows inside the sequence and columns below d: column pairs (c, c + 1) of the

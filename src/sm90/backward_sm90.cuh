@@ -68,7 +68,8 @@ struct Sm90Backward {
     const bool shared_rab = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
     pl.drab_staged = shared_rab && p.heads <= kMaxStagedDrabHeads;
     pl.drab_accum = shared_rab && !pl.drab_staged;
-    pl.drab_ld = pl.drab_staged ? (p.seqlen_k + 7) / 8 * 8 : (p.seqlen_k + 1) / 2 * 2;  // TMA: 16-byte row pitch
+    // Rows of 16-byte multiples: the staged tiles' TMA stores, the main kernel's 4-key reductions into the sums.
+    pl.drab_ld = pl.drab_staged ? (p.seqlen_k + 7) / 8 * 8 : (p.seqlen_k + 3) / 4 * 4;
     pl.total = pl.drab_offset;
     const size_t drab_elems = size_t(p.batch) * size_t(p.seqlen_k) * size_t(pl.drab_ld);  // per head
     if (pl.drab_staged) pl.total = align_up(pl.total + drab_elems * size_t(p.heads) * sizeof(Element));

@@ -1,22 +1,26 @@
 // Compile-time shape of the sm90 backward kernel for one (element type, head dim): tile sizes, thread roles,
 // shared-memory layouts, TMA copy types and the five warpgroup MMAs of one (query block, key block) step
-//   S = Q K^T, dP = dO V^T          (kBlockM query rows x kBlockN keys; d <= 128: warpgroup w takes the w-th half
-//                                    of the keys of both; d 256: warpgroup 0 computes S, warpgroup 1 dP, whole)
-//   dV += P^T dO, dK += dS^T Q      (kBlockN keys x d; d <= 128: warpgroup w takes the same keys as in S;
-//                                    d 256 (kSplitCols): all 64 keys, columns [128 w, 128 w + 128))
+//   S = Q K^T, dP = dO V^T          (kBlockM query rows x kBlockN keys; softmax d <= 128: warpgroup w takes the
+//                                    w-th half of the keys of both; d 256: warpgroup 0 computes S, warpgroup 1 dP,
+//                                    whole; HSTU (kSwapSdP): S^T = K Q^T and dP^T = V dO^T, keys as M, warpgroup
+//                                    w the w-th half of the keys)
+//   dV += P^T dO, dK += dS^T Q      (kBlockN keys x d; d <= 128: warpgroup w takes the same keys as in S; HSTU:
+//                                    P^T and dS^T from the registers; d 256 (kSplitCols): all 64 keys, columns
+//                                    [128 w, 128 w + 128))
 //   dQ = dS K                       (kBlockM query rows x d; warpgroup w takes columns [w d / 2, (w + 1) d / 2);
 //                                    kdQTurns: the warpgroups take turns, one computes all of a step's dQ, a
 //                                    column half after the other, while the other goes on to the next step)
-// all from shared memory: P and dS go there as 16-bit tiles. dS has two buffers, so one step's writes never meet
-// the other warpgroup's reads (dQ) of the step before; at d <= 128 P is read only by the warpgroup that wrote it
-// (dV of its own keys), so one buffer serves where shared memory is short; at d 256 both warpgroups read all of
-// P, which is double-buffered like dS; warpgroup 1 reads P back (ldmatrix) to form dS. dQ leaves through an fp32
+// from shared memory but for HSTU's P^T and dS^T: P and dS go there as 16-bit tiles (HSTU: dS alone, transposed
+// by stmatrix). dS has two buffers, so one step's writes never meet the other warpgroup's reads (dQ) of the step
+// before; softmax at d <= 128 P is read only by the warpgroup that wrote it (dV of its own keys), so one buffer
+// serves where shared memory is short; at d 256 both warpgroups read all of P, which is double-buffered like dS;
+// warpgroup 1 reads P back (ldmatrix) to form dS. dQ leaves through an fp32
 // staging tile in two column halves (written by warpgroup w, or by turns both by the warpgroup whose turn it is;
 // a writer warp per half, in the producer warpgroup, issues its reduce-add, waits until TMA has read the half and
 // hands it back), at d 256 by fp32 vector reductions straight from the registers (no room for a staging tile).
 // HSTU adds no shared memory: the rab tile of a step arrives by TMA, with its Q and dO, in the dS buffer the step
-// writes later (its consumers read rab from there first), and dRab of one rab head per query head leaves that
-// buffer by a TMA store once dS is in it.
+// writes later (its consumers read rab^T from there first, by ldmatrix.trans), and dRab of one rab head per query
+// head leaves that buffer by a TMA store once dS is in it.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -80,6 +84,14 @@ struct BackwarddQStaging<true, ElementAccum, kElems> {
   alignas(1024) cute::array_aligned<ElementAccum, kElems, 1024> dq;
 };
 
+// The 16-bit P tile(s) of the kernels that take P^T from shared memory; HSTU (kSwapSdP) keeps P in registers.
+template <bool kStored, class Element, int kElems>
+struct BackwardPTile {};
+template <class Element, int kElems>
+struct BackwardPTile<true, Element, kElems> {
+  alignas(1024) cute::array_aligned<Element, kElems, 1024> p;
+};
+
 // Softmax: the row statistics of the step in each Q/dO stage, (LSE in log2 units, D) per query row (+inf, 0 for
 // rows past the sequence or that see no key, so their P and dS are 0). The producer warp writes them with the
 // stage's Q and dO, and the consumers read them from there instead of loading and shuffling them per step.
@@ -97,8 +109,9 @@ struct BackwardRowStats<true, kStages, kBlockM> {
 // Shared memory, kBlockN = 128, two Q/dO stages, 16-bit unless noted:
 //   softmax d 64, kBlockM 128: 2 x (Q + dO) 64 KB + K + V 32 KB + P (one buffer) 32 KB + dS (two) 64 KB
 //                              + dQ fp32 32 KB = 224 KB
-//   HSTU d 64, kBlockM 64:     2 x (Q + dO) 32 KB + K + V 32 KB + 2 x (P + dS) 64 KB + dQ fp32 16 KB = 144 KB
-//   d 128, kBlockM 64:         2 x (Q + dO) 64 KB + K + V 64 KB + 2 x (P + dS) 64 KB + dQ fp32 32 KB = 224 KB
+//   HSTU d 64, kBlockM 64:     2 x (Q + dO) 32 KB + K + V 32 KB + dS (two) 32 KB + dQ fp32 16 KB = 112 KB
+//   softmax d 128, kBlockM 64: 2 x (Q + dO) 64 KB + K + V 64 KB + 2 x (P + dS) 64 KB + dQ fp32 32 KB = 224 KB
+//   HSTU d 128, kBlockM 64:    2 x (Q + dO) 64 KB + K + V 64 KB + dS (two) 32 KB + dQ fp32 32 KB = 192 KB
 //   d 256, kBlockM 64, kBlockN 64: 2 x (Q + dO) 128 KB + K + V 64 KB + 2 x (P + dS) 32 KB = 224 KB
 // and softmax the row statistics, 2 x kBlockM x 8 bytes (2 KB at d 64, 1 KB at d 128 and 256).
 // Registers per consumer thread: dK and dV (64 x d / 128 fp32 each), S and dP (kBlockM kBlockN / 256 fp32
@@ -118,8 +131,13 @@ struct BackwardTraitsSm90 {
   static constexpr bool kdQAtomic = kSplitCols;  // dQ by reductions from registers, no staging tile
   static constexpr int kBlockM = kHeadDim == 64 && !kHstu ? 128 : 64;
   static constexpr int kBlockN = kSplitCols ? 64 : 128;
+  // HSTU: S^T = K Q^T and dP^T = V dO^T (keys as M), so that P^T and dS^T are accumulators, which are the A operand
+  // of dV += P^T dO and dK += dS^T Q straight from the registers (RS wgmma, as P in the forward's P V): P never
+  // goes to shared memory, dV and dK read only dO and Q there, and dV starts with no barrier. dS still goes there,
+  // transposed by stmatrix, for dQ = dS K of both warpgroups.
+  static constexpr bool kSwapSdP = kHstu;
   static constexpr int kStages = 2;
-  static constexpr int kPBuffers = kBlockM == 128 ? 1 : 2;
+  static constexpr int kPBuffers = kSwapSdP ? 0 : kBlockM == 128 ? 1 : 2;
   static_assert(!kSplitCols || kPBuffers == 2, "P read by both warpgroups needs two buffers");
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
@@ -134,15 +152,19 @@ struct BackwardTraitsSm90 {
   using AtomSplitM = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;  // warpgroups split M
   // d 256: one whole (kBlockM, kBlockN) GEMM per warpgroup (S or dP), N = 64 instead of two N = 32 halves of
   // each: every warpgroup reads one of Q and dO instead of both (shared-memory bandwidth bounds N = 32).
-  static constexpr int kSdPCols = kSplitCols ? kBlockN : kBlockN / kNumMmaWarpGroups;
+  // The N of one warpgroup's S and dP GEMMs: keys (kSwapSdP: query rows).
+  static constexpr int kSdPCols = kSwapSdP ? kBlockM : kSplitCols ? kBlockN : kBlockN / kNumMmaWarpGroups;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kSdPCols>, Int<kHeadDim>>>(),
-      std::conditional_t<kSplitCols, Layout<Shape<_1, _1, _1>>, AtomSplitN>{}));
+      std::conditional_t<kSplitCols, Layout<Shape<_1, _1, _1>>, std::conditional_t<kSwapSdP, AtomSplitM, AtomSplitN>>{}));
   static constexpr int kdKVCols = kSplitCols ? kHeadDim / kNumMmaWarpGroups : kHeadDim;
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdKVCols>, Int<kBlockM>>,
-                           GMMA::Major::MN, GMMA::Major::MN>(),
-      std::conditional_t<kSplitCols, AtomSplitN, AtomSplitM>{}));
+  using MmadKVAtom = std::conditional_t<
+      kSwapSdP,
+      decltype(GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdKVCols>, Int<kBlockM>>,
+                                    GMMA::Major::K, GMMA::Major::MN>()),
+      decltype(GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kdKVCols>, Int<kBlockM>>,
+                                    GMMA::Major::MN, GMMA::Major::MN>())>;
+  using TiledMmadKV = decltype(make_tiled_mma(MmadKVAtom{}, std::conditional_t<kSplitCols, AtomSplitN, AtomSplitM>{}));
   // dQ by turns: the warpgroups alternate by step, the one whose turn it is computes both column halves (one
   // after the other: both at once left too few registers) while the other goes on to the next step's S and dP.
   // Softmax at d 64 only: there it gained 4-6% (H100, ratio to cuDNN in the same process, s 1k-16k); at d 128
@@ -173,14 +195,20 @@ struct BackwardTraitsSm90 {
   // P and dS (rows, keys, buffer), keys contiguous: dS is the K-major A operand of dQ; P^T and dS^T (keys, rows,
   // buffer) the MN-major A operands of dV and dK.
   using SmemAtomPdS = SmemAtomKMajor<Element, kBlockN>;
-  using SmemLayoutP = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kPBuffers>>{}));
+  using SmemLayoutP =
+      decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<cute::max(kPBuffers, 1)>>{}));
   using SmemLayoutPt = decltype(composition(
-      SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kPBuffers>>{}, Step<_2, _1, _3>{})));
+      SmemLayoutP{},
+      make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<cute::max(kPBuffers, 1)>>{}, Step<_2, _1, _3>{})));
   using SmemLayoutdS = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
-  // Register -> shared stores of P and dS: stmatrix of 8x8 16-bit matrices, four per instruction.
-  using SmemCopyPdS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaSdP{}));
+  // Register -> shared stores of P and dS: stmatrix of 8x8 16-bit matrices, four per instruction; kSwapSdP: dS^T
+  // accumulators into the (rows, keys) tile, each matrix transposed (into the tile's (keys, rows) view).
+  using SmemCopyPdS = decltype(make_tiled_copy_C(
+      Copy_Atom<std::conditional_t<kSwapSdP, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>, Element>{}, TiledMmaSdP{}));
+  // kSwapSdP: the step's rab tile (rows, keys) into the S^T accumulator layout, ldmatrix.trans (the mirror).
+  using SmemLoadRabT = decltype(make_tiled_copy_C(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, TiledMmaSdP{}));
   // d 256: P back from shared memory into warpgroup 1's dP fragment layout (ldmatrix, the mirror of stmatrix).
   using SmemLoadP = decltype(make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, TiledMmaSdP{}));
 
@@ -243,7 +271,7 @@ struct BackwardTraitsSm90 {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdO>, 1024> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> p;
+    BackwardPTile<(kPBuffers > 0), Element, cosize_v<SmemLayoutP>> ptile;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
     BackwarddQStaging<!kdQAtomic, ElementAccum, cosize_v<SmemLayoutdQ>> staging;
     BackwardRowStats<!kHstu, kStages, kBlockM> row_stats;
