@@ -134,7 +134,9 @@ struct BackwardTraitsSm90 {
   // HSTU: S^T = K Q^T and dP^T = V dO^T (keys as M), so that P^T and dS^T are accumulators, which are the A operand
   // of dV += P^T dO and dK += dS^T Q straight from the registers (RS wgmma, as P in the forward's P V): P never
   // goes to shared memory, dV and dK read only dO and Q there, and dV starts with no barrier. dS still goes there,
-  // transposed by stmatrix, for dQ = dS K of both warpgroups.
+  // transposed by stmatrix, for dQ = dS K of both warpgroups. H100 bf16 d 128 causal h 4, same process, against P
+  // through shared memory: dense 2k / 4k / 16k +0-4% / +4-5% / +3-6%, jagged max 4k / 8k +3-7%; ncu (dense 4k):
+  // tensor pipe active 50% -> 54%, shared-memory wavefronts -13%.
   static constexpr bool kSwapSdP = kHstu;
   static constexpr int kStages = 2;
   static constexpr int kPBuffers = kSwapSdP ? 0 : kBlockM == 128 ? 1 : 2;
