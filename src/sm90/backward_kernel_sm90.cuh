@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(k_part), get<1>(k_part));
       copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0), get<0>(v_part), get<1>(v_part));
     }
-    int issued = 0;
+    uint32_t issued = 0;
     for (auto walk = walk_steps(); walk.more(); walk.next()) {
       const int head = walk.head, m = walk.m;
       const detail::SequenceInfo sinfo = step_seq();
@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
                                     Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));  // (kBlockM, kHeadDim)
       auto q_part = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto do_part = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      // The write position of the issued-th visited step; the producer's start phase is 1: the ring starts empty.
-      const PipelineState write(issued % kStages, ((issued / kStages) & 1) ^ 1, issued);
+      // The write position of the issued-th visited step.
+      const PipelineState write = ring_position<PipelineState, kStages, true>(issued);
       ++issued;
       pipeline.producer_acquire(write);
       if (leader) {

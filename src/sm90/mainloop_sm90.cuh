@@ -44,6 +44,13 @@ CUTE_DEVICE void warpgroup_gemm(TiledMma& tiled_mma, TensorA const& tCrA, Tensor
   if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
 }
 
+// The slot, phase and count of the n-th use (from 0) of a ring of kSlots slots: a consumer starts in phase 0, a
+// producer in phase 1 (the ring starts empty).
+template <class PipelineState, int kSlots, bool kProducer>
+CUTE_DEVICE PipelineState ring_position(uint32_t n) {
+  return PipelineState(int(n % kSlots), ((n / kSlots) & 1) ^ uint32_t(kProducer), n);
+}
+
 // The ring slot (or Q slot) `slot` as a warp-uniform value: redux.sync writes a uniform register, so ptxas derives
 // the wgmma descriptors of the slot (start address + k offset) in the uniform datapath. From the per-thread slot
 // it built each 64-bit descriptor in regular registers and moved both halves over (R2UR) for every wgmma, 4
@@ -84,7 +91,7 @@ struct ForwardMainloopSm90 {
     std::conditional_t<Traits::kCountedReads, uint32_t, PipelineState> at{};
     CUTE_DEVICE PipelineState state() const {
       if constexpr (Traits::kCountedReads) {
-        return PipelineState(int(at % Traits::kStages), (at / Traits::kStages) & 1, at);
+        return ring_position<PipelineState, Traits::kStages, false>(at);
       } else {
         return at;
       }
@@ -97,8 +104,8 @@ struct ForwardMainloopSm90 {
   struct RabReadPosition {
     uint32_t blocks = 0;
     CUTE_DEVICE typename Traits::PipelineRab::PipelineState state(int wg) const {
-      const uint32_t j = blocks * Traits::kRabTilesPerBlock + uint32_t(rab_tile(wg));
-      return {int(j % Traits::kRabSlots), (j / Traits::kRabSlots) & 1, j};
+      return ring_position<typename Traits::PipelineRab::PipelineState, Traits::kRabSlots, false>(
+          blocks * Traits::kRabTilesPerBlock + uint32_t(rab_tile(wg)));
     }
     CUTE_DEVICE void advance() { ++blocks; }
   };
@@ -137,10 +144,8 @@ struct ForwardMainloopSm90 {
                                PipelineKV& pipeline_v, typename Traits::PipelineRab& pipeline_rab, uint32_t loaded,
                                int q_slot, AcquireQSlot const& acquire_q_slot, TileWork const& w) {
     const detail::Params& p = kp.params;
-    // The write position of the i-th block of the launch; the producer's start phase is 1: the ring starts empty.
-    auto write_slot = [](uint32_t i) {
-      return PipelineState(int(i % Traits::kStages), ((i / Traits::kStages) & 1) ^ 1, i);
-    };
+    // The write position of the i-th block of the launch.
+    auto write_slot = [](uint32_t i) { return ring_position<PipelineState, Traits::kStages, true>(i); };
     const int batch = p.varlen ? 0 : w.coord.batch;
     const int kv_head = Traits::kPackGqa ? w.coord.head : w.coord.head / kp.heads_per_kv;
     cute::Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);  // (rows_q, d, h, b)
@@ -206,9 +211,8 @@ struct ForwardMainloopSm90 {
         cute::Tensor tRsRab = get<1>(rab_part);  // (TMA, kRabSlots)
         CUTE_UNROLL
         for (int t = 0; t < kTiles; ++t) {
-          const uint32_t j = i * kTiles + t;
-          typename Traits::PipelineRab::PipelineState write(int(j % Traits::kRabSlots),
-                                                            ((j / Traits::kRabSlots) & 1) ^ 1, j);
+          const auto write =
+              ring_position<typename Traits::PipelineRab::PipelineState, Traits::kRabSlots, true>(i * kTiles + t);
           pipeline_rab.producer_acquire(write);
           if (leader)
             copy(kp.tma_rab.with(*pipeline_rab.producer_get_barrier(write), 0),
