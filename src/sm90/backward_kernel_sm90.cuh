@@ -492,7 +492,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       }
     };
     const HstuPointwise hstu(p);
-    const float half_dprob_scale = 0.5f * p.alpha * p.inv_scaling_seqlen;
     const bool drab_store = Traits::kHstu && p.drab != nullptr && kp.drab_accum == nullptr;
 
     ss.barrier_kv.wait(0);
@@ -662,11 +661,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         warpgroup_gemm<false>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP, true);
         warpgroup_wait<1>();
 
-        // u = qk + rab, s = alpha u, t = tanh(s / 2) (one MUFU operation per element), sigmoid(s) = (1 + t) / 2:
-        // P = silu(s) / scaling = u alpha / 2 (1 + t) / scaling into rPt, and dP/du = alpha dsilu(s) / scaling
-        // = alpha / scaling (sigmoid(s) + s sigmoid(s) (1 - sigmoid(s))) = alpha / scaling (1 + t) / 2
-        // (1 + s (1 - t) / 2) into rDp, both 0 where masked; dS = dP dP/du below. dP/du is rounded to the input
-        // dtype like P (an fp32 copy next to the dK, dV and dP accumulators spilled at d 128).
+        // u = qk + rab: P = silu(alpha u) / scaling into rPt and dP/du = alpha dsilu(alpha u) / scaling into rDp
+        // (HstuPointwise::prob_and_slope, one MUFU operation per element), both 0 where masked; dS = dP dP/du
+        // below. dP/du is rounded to the input dtype like P (an fp32 copy next to the dK, dV and dP accumulators
+        // spilled at d 128).
         cute::Tensor s_rc = cute::make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));  // (keys, rows)
         cute::Tensor rDp = cute::make_tensor<Element>(tSrS.layout());                    // (MMA, MMA_M, MMA_N)
         cute::Tensor p_rc = cute::make_tensor(rPt.data(), acc_rowcol(tSrS.layout()));     // (keys, rows)
@@ -680,14 +678,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           for (int c = 0; c < kCols; c += 2) {
             cutlass::Array<float, 2> prob, dp_du;
             CUTE_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const float u = s_rc(r, c + e);
-              const float half_s = u * hstu.half_alpha;
-              const float t = tanh_approx(half_s);
-              prob[e] = hstu.prob(u, t);
-              // alpha / scaling (1 + t) / 2 times (1 + s / 2 - t s / 2)
-              dp_du[e] = fmaf(half_dprob_scale, t, half_dprob_scale) * fmaf(-half_s, t, 1.0f + half_s);
-            }
+            for (int e = 0; e < 2; ++e) prob[e] = hstu.prob_and_slope(s_rc(r, c + e), dp_du[e]);
             *reinterpret_cast<Pair*>(&p_rc(r, c)) = convert_pair(prob);
             *reinterpret_cast<Pair*>(&dp_du_rc(r, c)) = convert_pair(dp_du);
           }

@@ -49,12 +49,21 @@ struct HstuPointwise {
   CUTE_DEVICE explicit HstuPointwise(const detail::Params& p)
       : half_alpha(0.5f * p.alpha), half_scale(0.5f * p.alpha * p.inv_scaling_seqlen) {}
 
-  // P from u and t = tanh(alpha u / 2), for callers that need t as well (the backward's dP/du).
-  CUTE_DEVICE float prob(float u, float t) const {
+  CUTE_DEVICE float prob(float u) const {
     const float h = u * half_scale;
-    return fmaf(h, t, h);
+    return fmaf(h, tanh_approx(u * half_alpha), h);
   }
-  CUTE_DEVICE float prob(float u) const { return prob(u, tanh_approx(u * half_alpha)); }
+  // P and its slope dP/du = alpha / scaling dsilu(alpha u) (the backward): with h = alpha u / 2, t = tanh(h) and
+  // g = alpha / 2 / scaling (1 + t), P = u g and dP/du = g (1 + h (1 - t)): five operations and the tanh, where
+  // P and the product form of dP/du took seven (H100 bf16 causal h 4, same process: backward dense d 128 2k / 4k /
+  // 16k +2.5% / +2.6% / +1.3%, jagged d 64 max 1k / 4k +4%).
+  CUTE_DEVICE float prob_and_slope(float u, float& slope) const {
+    const float h = u * half_alpha;
+    const float t = tanh_approx(h);
+    const float g = fmaf(half_scale, t, half_scale);
+    slope = fmaf(g, fmaf(-h, t, h), g);
+    return u * g;
+  }
 
   template <class TensorS>
   CUTE_DEVICE void apply(TensorS& tSrS) const {
