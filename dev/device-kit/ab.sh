@@ -17,6 +17,7 @@ G[hstur]="--kind hstu --d 128 --rab --backend sm90 --directions bwd --seqlen 102
 G[hstub]="--kind hstu --d 128 --backend sm90 --directions bwd --seqlen 1024,2048,4096,8192 --peers cuteattn"
 G[hstub64]="--kind hstu --d 64 --backend sm90 --directions bwd --seqlen 1024,4096 --peers cuteattn"
 G[hstub64r]="--kind hstu --d 64 --rab --backend sm90 --directions bwd --seqlen 1024,4096 --peers cuteattn"
+G[hstub256]="--kind hstu --d 256 --directions bwd --seqlen 1024,4096 --peers cuteattn"
 G[hstur256]="--kind hstu --d 256 --rab --directions bwd --seqlen 1024,4096 --peers cuteattn"
 G[hstujf]="--kind hstu --d 128 --backend sm90 --directions fwd --seqlen 1024,2048,4096,8192 --peers cuteattn"
 G[hstujfr]="--kind hstu --d 128 --rab --backend sm90 --directions fwd --seqlen 1024,2048,4096,8192 --peers cuteattn"

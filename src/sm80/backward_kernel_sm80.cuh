@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 
 #include "core/params.h"
+#include "cuda/hstu_pointwise.cuh"
 #include "sm80/backward_traits_sm80.cuh"
 #include "sm80/backward_utils_sm80.cuh"
 #include "variants/mask.h"
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const int64_t dq_block_stride = p.heads * int64_t(DqLayout::kTileElems);  // between two query blocks' tiles
 
   const SoftcapScore softmax_score{p.scale, p.softcap};
-  const HstuScore hstu_score{p.alpha, p.inv_scaling_seqlen};
+  const HstuPointwise hstu(p);
   const float scale_log2 = p.scale * kLog2e;
   const bool drab_direct = kHstu && p.drab != nullptr && args.drab_accum == nullptr;
   // dRab summed over heads by one CTA that walks every head of its key block (else atomics into a zeroed
@@ -398,9 +399,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                   }
                   CUTE_UNROLL
                   for (int ni = 2 * nj; ni < 2 * nj + 2; ++ni) {
-                    const float x = hstu_score.pre(s_rc(mi, ni), static_cast<float>(rab[ni % 2]));
-                    p_rc(mi, ni) = static_cast<Element>(hstu_score.prob(x));
-                    s_rc(mi, ni) = hstu_score.dprob(x);
+                    float slope;
+                    p_rc(mi, ni) =
+                        static_cast<Element>(hstu.prob_and_slope(s_rc(mi, ni) + static_cast<float>(rab[ni % 2]), slope));
+                    s_rc(mi, ni) = slope;
                   }
                 }
               }

@@ -12,6 +12,7 @@
 #include <cute/tensor.hpp>
 
 #include "core/params.h"
+#include "cuda/hstu_pointwise.cuh"
 #include "sm80/kernel_traits_fwd_sm80.cuh"
 #include "sm80/softmax_sm80.cuh"
 #include "sm80/utils_sm80.cuh"
@@ -28,11 +29,7 @@ using detail::Params;
 using detail::Range;
 using detail::SequenceInfo;
 
-CUTE_DEVICE float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using detail::tanh_approx;
 
 // x, passed through an empty volatile asm: the compiler cannot see that the result equals x, so the index
 // arithmetic derived from it is done where it is needed, inside the loop body, instead of being hoisted out

@@ -1,6 +1,7 @@
 // HSTU score of the sm90 kernels on wgmma accumulators (SEMANTICS.md section 2): reads the rab tile from
-// shared memory into the accumulator (Q K^T then accumulates onto it) and turns u = qk + rab into
-// P = silu(alpha * u) / scaling_seqlen, in place; and the host-side check of what the rab / dRab TMA tiles need.
+// shared memory into the accumulator (Q K^T then accumulates onto it; HstuPointwise of cuda/hstu_pointwise.cuh
+// turns u = qk + rab into P = silu(alpha * u) / scaling_seqlen); and the host-side check of what the rab / dRab
+// TMA tiles need.
 #pragma once
 
 #include <cstdint>
@@ -9,10 +10,12 @@
 #include <cutlass/array.h>
 
 #include "core/params.h"
+#include "cuda/hstu_pointwise.cuh"
 
 namespace cuteattn::sm90 {
 
 using namespace cute;
+using detail::HstuPointwise;
 
 // Why the sm90 kernels cannot take this HSTU call's heads, rab or dRab, or nullptr: h_k == h, rab heads 1 or h,
 // and TMA tiles of rab and dRab (16-byte aligned bases, 16-byte multiple strides, 32-bit coordinates).
@@ -33,44 +36,6 @@ const char* hstu_tma_refusal(const detail::Params& p) {
   if (p.seqlen_k >= (int64_t(1) << 31) || p.batch >= (int64_t(1) << 31)) return "rab beyond 32-bit TMA coordinates";
   return nullptr;
 }
-
-CUTE_DEVICE float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// silu(x) = x * sigmoid(x) = x / 2 * (1 + tanh(x / 2)): one MUFU operation per element (exp and a reciprocal
-// would take two, and at d = 128 two MUFU operations per score cost as much time as both GEMMs).
-struct HstuPointwise {
-  float half_alpha;  // alpha / 2
-  float half_scale;  // alpha / 2 / scaling_seqlen
-
-  CUTE_DEVICE explicit HstuPointwise(const detail::Params& p)
-      : half_alpha(0.5f * p.alpha), half_scale(0.5f * p.alpha * p.inv_scaling_seqlen) {}
-
-  CUTE_DEVICE float prob(float u) const {
-    const float h = u * half_scale;
-    return fmaf(h, tanh_approx(u * half_alpha), h);
-  }
-  // P and its slope dP/du = alpha / scaling dsilu(alpha u) (the backward): with h = alpha u / 2, t = tanh(h) and
-  // g = alpha / 2 / scaling (1 + t), P = u g and dP/du = g (1 + h (1 - t)): five operations and the tanh, where
-  // P and the product form of dP/du took seven (H100 bf16 causal h 4, same process: backward dense d 128 2k / 4k /
-  // 16k +2.5% / +2.6% / +1.3%, jagged d 64 max 1k / 4k +4%).
-  CUTE_DEVICE float prob_and_slope(float u, float& slope) const {
-    const float h = u * half_alpha;
-    const float t = tanh_approx(h);
-    const float g = fmaf(half_scale, t, half_scale);
-    slope = fmaf(g, fmaf(-h, t, h), g);
-    return u * g;
-  }
-
-  template <class TensorS>
-  CUTE_DEVICE void apply(TensorS& tSrS) const {
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) tSrS(i) = prob(tSrS(i));
-  }
-};
 
 // Reads one stage of the rab ring straight into a warpgroup's S accumulator ((2, 2, kBlockN/8), 1, 1): value
 // e + 2 h + 4 k of a thread is (row0 + 8 h, col0 + 8 k + e), (row0, col0) its first coordinate. The ring holds
