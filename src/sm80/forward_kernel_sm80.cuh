@@ -40,12 +40,6 @@ CUTE_DEVICE int opaque_int(int x) {
   return x;
 }
 
-// HSTU activation: silu(s) * inv_scaling_seqlen; __fdividef is exact enough here and returns 0 (the
-// limit) when exp(-s) overflows.
-CUTE_DEVICE float silu_scaled(float s, float inv_scaling_seqlen) {
-  return __fdividef(s, 1.0f + __expf(-s)) * inv_scaling_seqlen;
-}
-
 // Writes O = 0 (and LSE = -inf) for a query block that sees no key at all.
 template <class Traits, class TO>
 CUTE_DEVICE void store_empty_block(const Params& p, TO& gO, int rows, int64_t lse_base_row, const SequenceInfo& seq,
@@ -320,12 +314,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
             smem_thr_copy_K);
 
     if constexpr (kHstu) {
+      const detail::HstuPointwise hstu(p);
       CUTE_UNROLL
       for (int mi = 0; mi < size<0>(acc_s_rc); ++mi) {
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(acc_s_rc); ++ni) {
-          const float qk = kFeature ? acc_s_rc(mi, ni) + rRab(mi, ni) : acc_s_rc(mi, ni);
-          acc_s_rc(mi, ni) = silu_scaled(p.alpha * qk, p.inv_scaling_seqlen);
+          acc_s_rc(mi, ni) = hstu.prob(kFeature ? acc_s_rc(mi, ni) + rRab(mi, ni) : acc_s_rc(mi, ni));
         }
       }
       if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), 0.0f);
