@@ -285,8 +285,8 @@ TEST_F(Sm90BackwardHstu, LongJagged) {
   check_backward(cfg);
 }
 
-// d 64 (128-row query steps): contexts, targets and a window with rab and dRab of 1 head (summed over heads)
-// and of h heads (TMA store of the dS tile), sequences around the step height.
+// d 64 (64-row query steps, 128-key blocks): contexts, targets and a window with rab and dRab of 1 head (summed
+// over heads) and of h heads (TMA store of the dS tile), sequences around the step and block sizes.
 TEST_F(Sm90BackwardHstu, HeadDim64TallSteps) {
   CaseConfig cfg = hstu_varlen(DType::kBFloat16, {1023, 0, 129, 1, 127, 65, 600}, 3, 64, /*causal=*/true, 0.1f);
   cfg.max_seqlen_k = 1024;
