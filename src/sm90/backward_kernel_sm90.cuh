@@ -6,8 +6,9 @@
 // derivative; the element mask on edge tiles only), store P and dS to shared memory, and issue dV += P^T dO (as
 // soon as P is stored: it runs while dS is formed), then dQ = dS K
 // (Traits::kdQTurns: by one warpgroup per step, in turns, while the other goes on to the next step) and
-// dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace by TMA reduce-adds, which a writer
-// warp per column half (warps 1 and 2) issues and waits for, off the consumers' path.
+// dK += dS^T Q. dQ goes through a shared fp32 staging tile into the workspace, by a writer warp per column half
+// (warps 1 and 2), off the consumers' path: a tile's first contribution stores, the others add by TMA reduce-adds
+// (sm90/dq_tiles_sm90.cuh).
 // d 256 (Traits::kSplitCols): 64-key blocks; warpgroup 0 computes S and P, warpgroup 1 dP and, with P read back
 // from shared memory, dS; the warpgroups own column halves of dK and dV for all 64 keys (dV starts once P is
 // stored), and dQ goes to the workspace by fp32 vector reductions from the registers.
@@ -33,6 +34,7 @@
 #include "core/params.h"
 #include "sm80/backward_utils_sm80.cuh"
 #include "sm90/backward_traits_sm90.cuh"
+#include "sm90/dq_tiles_sm90.cuh"
 #include "sm90/hstu_sm90.cuh"
 #include "sm90/mainloop_sm90.cuh"
 #include "sm90/softmax_sm90.cuh"
@@ -48,6 +50,7 @@ struct BackwardKernelParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
   typename Traits::TmadQ tma_dq;
+  typename Traits::TmadQStore tma_dq_store;  // the first contribution to a tile (sm90/dq_tiles_sm90.cuh)
   typename Traits::ShapedQ shape_dq;   // (total_q, kHeadDim, h)
   typename Traits::ShapeRows shape_q;  // (rows_q, d, h, b)
   typename Traits::ShapeRows shape_k;  // (rows_k, d, h_k, b)
@@ -62,7 +65,8 @@ struct BackwardKernelParams {
   typename Traits::ShapeRows shape_drab;  // (max_sk, max_sk, h_rab, b), or (max_sk, max_sk, h, b) staged
   float* drab_accum;                     // HSTU, one rab head shared by several heads: (b, max_sk, drab_ld) fp32
   int64_t drab_ld;
-  float* dq_accum;                       // the fp32 dQ workspace (total_q, h, kHeadDim), for Traits::kdQAtomic
+  float* dq_accum;                       // the fp32 dQ workspace (total_q, h, kHeadDim)
+  uint32_t* dq_states;                   // its tiles' DqTileStates words (not Traits::kdQAtomic)
 };
 
 // The query blocks that see key block n0 of a sequence: [m_begin, m_end).
@@ -208,25 +212,46 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const auto empty = static_cast<uint32_t>(w == 0 ? BwdBarrier::kdQEmpty0 : BwdBarrier::kdQEmpty1);
         const auto full = static_cast<uint32_t>(w == 0 ? BwdBarrier::kdQFull0 : BwdBarrier::kdQFull1);
         cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
-        cute::Tensor mdQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);  // (total_q, kHeadDim, h)
-        const bool writer = cute::elect_one_sync();
+        // kp.dq_states null: the accumulator is zero-filled and every contribution adds (sm90/dq_tiles_sm90.cuh).
+        const bool tracked = kp.dq_states != nullptr;
+        uint32_t* stored = nullptr;  // lane 0: a tile stored by TMA, published once the store is complete
         for (auto walk = walk_steps(); walk.more(); walk.next()) {
           const int head = walk.head, m = walk.m;
           if (!block_visible(step_mask(), m)) continue;
+          const detail::SequenceInfo sinfo = step_seq();
+          const int64_t row_base = DqTileStates::row_base(p, sinfo, bi);
+          uint32_t* state =
+              tracked ? kp.dq_states + DqTileStates::index<kBlockM>(row_base, bi, m, head, p.heads, w) : nullptr;
+          // The tile's state read before the hand-over (the load's latency hides behind the wait).
+          const uint32_t seen = tracked ? load_relaxed_gpu(state) : DqTileStates::kWritten;
           cutlass::arch::NamedBarrier::arrive(Traits::kdQWriterThreads, empty);
+          if (stored != nullptr) {
+            publish_stored_dq(stored);
+            stored = nullptr;
+          }
           cutlass::arch::NamedBarrier::sync(Traits::kdQWriterThreads, full);
-          if (writer) {
-            const detail::SequenceInfo sinfo = step_seq();
-            const int row0 = int(p.varlen ? sinfo.q_start : int64_t(bi) * p.seqlen_q) + m * kBlockM;
-            cute::Tensor gdQ = local_tile(domain_offset(make_coord(row0, _0{}), mdQ(_, _, head)),
-                                          Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
-            auto dq_part = tma_partition(kp.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
-            copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
+          const int row0 = int(row_base) + m * kBlockM;
+          const bool first = tracked && claim_first_dq(state, seen);
+          if (cutlass::canonical_lane_idx() == 0) {
+            auto dq_view = [&](auto const& tma) {
+              cute::Tensor gdQ = local_tile(domain_offset(make_coord(row0, _0{}), tma.get_tma_tensor(kp.shape_dq)(_, _, head)),
+                                            Shape<Int<kBlockM>, Int<Traits::kdQCols>>{}, make_coord(0, w));  // (kBlockM, kdQCols)
+              return tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+            };
+            if (first) {
+              auto dq_part = dq_view(kp.tma_dq_store);
+              copy(kp.tma_dq_store, get<1>(dq_part)(_, w), get<0>(dq_part));
+              stored = state;
+            } else {
+              auto dq_part = dq_view(kp.tma_dq);
+              copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
+            }
             tma_store_arrive();
             tma_store_wait<0>();
           }
           __syncwarp();
         }
+        if (stored != nullptr) publish_stored_dq(stored);
         return;
       }
     }

@@ -4,7 +4,8 @@
 //   HSTU:    [dRab zero-fill | zeroing the visible part of the dRab accumulator] -> main kernel -> dQ conversion
 //            [and the head sum of dRab],
 // the small kernels being the sm80 backward's (sm80/backward_aux_sm80.cuh).
-// Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim), D (softmax, indexed like LSE), and for HSTU with one
+// Workspace: the fp32 dQ accumulator (total_q, h, kHeadDim) and its tiles' state words (sm90/dq_tiles_sm90.cuh; the
+// d 256 kernel zero-fills the accumulator instead), D (softmax, indexed like LSE), and for HSTU with one
 // rab head shared by several query heads either each head's dRab tiles (b, h, max_sk, max_sk rounded to 8), summed
 // after the main kernel, or (more than kMaxStagedDrabHeads heads) an fp32 (b, max_sk, max_sk rounded to even) dRab
 // accumulator that the main kernel adds into.
@@ -32,6 +33,7 @@
 #include "sm80/backward_aux_sm80.cuh"
 #include "sm90/backward_kernel_sm90.cuh"
 #include "sm90/backward_traits_sm90.cuh"
+#include "sm90/dq_tiles_sm90.cuh"
 #include "sm90/hstu_sm90.cuh"
 
 namespace cuteattn::detail {
@@ -52,17 +54,22 @@ struct Sm90Backward {
   static constexpr int64_t kMaxStagedDrabHeads = 4;
 
   struct Plan {
-    size_t dq_offset = 0, dq_elems = 0, dsum_offset = 0, drab_offset = 0, total = 0;
+    size_t dq_offset = 0, dq_elems = 0, states_offset = 0, states = 0, dsum_offset = 0, drab_offset = 0, total = 0;
     int64_t drab_ld = 0;
     // One rab head, several query heads: dRab summed over heads after the main kernel from per-head tiles, or
     // (more heads) by the main kernel's fp32 atomics.
     bool drab_staged = false, drab_accum = false;
+    bool dq_tracked = false;  // the dQ tiles' first contributions store: no zero-fill of the accumulator
   };
   static size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
   static Plan plan(const Params& p) {
     Plan pl;
     pl.dq_elems = size_t(p.total_q) * size_t(p.heads) * kHeadDim;
-    pl.dsum_offset = align_up(pl.dq_elems * sizeof(float));
+    pl.states_offset = align_up(pl.dq_elems * sizeof(float));
+    // Tile states where the key blocks reach the query blocks one after the other (sm90/dq_tiles_sm90.cuh).
+    pl.dq_tracked = !Traits::kdQAtomic && p.window_right >= 0;
+    pl.states = pl.dq_tracked ? size_t(sm90::DqTileStates::count<Traits::kBlockM>(p.total_q, p.batch, p.heads)) : 0;
+    pl.dsum_offset = align_up(pl.states_offset + pl.states * sizeof(uint32_t));
     pl.drab_offset = kHstu ? pl.dsum_offset
                            : align_up(pl.dsum_offset + size_t(p.heads) * size_t(p.total_q) * sizeof(float));
     const bool shared_rab = kHstu && p.drab != nullptr && p.rab_heads == 1 && p.heads > 1;
@@ -97,6 +104,8 @@ struct Sm90Backward {
     if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31) || p.heads >= (int64_t(1) << 31))
       return refuse("sizes beyond 32-bit TMA coordinates");
     if (p.batch > 65535 || p.heads_k > 65535) return refuse("batch or kv heads above 65535");
+    if ((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * p.heads >= (int64_t(1) << 31))
+      return refuse("query blocks x heads beyond a grid dimension");
     // TMA loads and 16-byte vector accesses: 16-byte aligned base and 16-byte multiple strides.
     auto aligned = [](const RowMajorView& t) {
       constexpr int64_t kVec = 16 / sizeof(Element);
@@ -124,6 +133,7 @@ struct Sm90Backward {
     auto stream = static_cast<cudaStream_t>(p.stream);
     char* ws = static_cast<char*>(workspace);
     float* dq_accum = reinterpret_cast<float*>(ws + pl.dq_offset);
+    auto* dq_states = pl.dq_tracked ? reinterpret_cast<uint32_t*>(ws + pl.states_offset) : nullptr;
     float* dsum = reinterpret_cast<float*>(ws + pl.dsum_offset);
     auto fail = [](const char* what, cudaError_t err) {
       return Status{StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(err)};
@@ -134,8 +144,13 @@ struct Sm90Backward {
     float* drab_accum = pl.drab_accum ? reinterpret_cast<float*>(ws + pl.drab_offset) : nullptr;
     Element* drab_staged = pl.drab_staged ? reinterpret_cast<Element*>(ws + pl.drab_offset) : nullptr;
     if (p.total_q > 0) {
-      cudaError_t err = cudaMemsetAsync(dq_accum, 0, pl.dq_elems * sizeof(float), stream);
-      if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
+      if (pl.dq_tracked) {
+        sm90::prepare_dq_tiles_kernel<kHeadDim, Traits::kBlockM>
+            <<<unsigned(p.batch), kAuxThreads, 0, stream>>>(p, dq_accum, dq_states);
+      } else {
+        const cudaError_t err = cudaMemsetAsync(dq_accum, 0, pl.dq_elems * sizeof(float), stream);
+        if (err != cudaSuccess) return fail("cudaMemsetAsync", err);
+      }
       if constexpr (!kHstu) {
         sm80_bwd::dot_do_o_kernel<Element, kHeadDim>
             <<<aux_blocks(p.total_q * p.heads * kHeadDim / 8), kAuxThreads, 0, stream>>>(p, dsum);
@@ -181,12 +196,13 @@ struct Sm90Backward {
       auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
       auto dq_view = cute::make_tensor(make_gmem_ptr(dq_accum), make_shape(int(p.total_q), kHeadDim, int(p.heads)),
                                        make_stride(p.heads * kHeadDim, _1{}, int64_t(kHeadDim)));
-      // The dQ reduce-add by TMA; none where dQ leaves by reductions from the registers (Traits::kdQAtomic).
-      auto make_dq_tma = [](auto const& view) {
+      // The dQ reduce-add and store by TMA; none where dQ leaves by reductions from the registers (kdQAtomic).
+      auto make_dq_tma = [](auto op, auto const& view) {
         if constexpr (Traits::kdQAtomic) {
-          return typename Traits::TmadQ{};
+          return decltype(make_tma_copy(op, view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
+                                        Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{})){};
         } else {
-          return make_tma_copy(SM90_TMA_REDUCE_ADD{}, view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
+          return make_tma_copy(op, view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
                                Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{});
         }
       };
@@ -197,7 +213,8 @@ struct Sm90Backward {
                         _1{}),
           make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k), typename Traits::SmemLayoutV{}, tile_k,
                         _1{}),
-          make_dq_tma(dq_view),
+          make_dq_tma(SM90_TMA_REDUCE_ADD{}, dq_view),
+          make_dq_tma(SM90_TMA_STORE{}, dq_view),
           dq_view.shape(),
           make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
           make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
@@ -212,7 +229,8 @@ struct Sm90Backward {
           {},
           drab_accum,
           pl.drab_ld,
-          dq_accum};
+          dq_accum,
+          dq_states};
       if constexpr (kHstu) {
         if (p.rab != nullptr) {
           const int max_sk = int(p.seqlen_k);
@@ -252,12 +270,15 @@ struct Sm90Backward {
                Traits::kSmemBytes, stream>>>(kp);
     }
 
-    if (p.total_q > 0) {
-      // The d 256 kernel adds dQ from its registers in logical order; the others through the staging tile.
-      using WorkspaceColumns = std::conditional_t<Traits::kdQAtomic, sm80_bwd::LogicalColumns, sm90::dQWorkspaceColumns>;
-      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim, WorkspaceColumns>
-          <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(
-              p, dq_accum, kHstu ? 1.0f : p.scale);
+    if (p.total_q > 0 && Traits::kdQAtomic) {
+      // The d 256 kernel adds dQ from its registers in logical order into the zeroed accumulator.
+      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim, sm80_bwd::LogicalColumns>
+          <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(p, dq_accum, p.scale);
+    } else if (p.total_q > 0) {
+      const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+      sm90::convert_dq_tiles_kernel<Element, kHeadDim, Traits::kBlockM, sm90::dQWorkspaceColumns>
+          <<<dim3(unsigned(m_blocks * p.heads), unsigned(p.batch)), sm90::kConvertThreads, 0, stream>>>(
+              p, dq_accum, dq_states, kHstu ? 1.0f : p.scale);
     }
     if (drab_rows && pl.drab_staged) {
       sm80_bwd::sum_drab_heads_kernel<Element>

@@ -261,6 +261,8 @@ struct BackwardTraitsSm90 {
                                                   Stride<int64_t, _1, int64_t>{}));
   using TmadQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, GmemTensordQ{}, take<0, 2>(SmemLayoutdQ{}),
                                        Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}));
+  using TmadQStore = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensordQ{}, take<0, 2>(SmemLayoutdQ{}),
+                                            Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}));
 
   static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);

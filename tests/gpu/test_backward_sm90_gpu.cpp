@@ -228,6 +228,23 @@ TEST_F(Sm90Backward, LongCausalGqa) {
   check_backward(cfg);
 }
 
+// Few query blocks, many key blocks: the CTAs of all 32 key blocks bring their dQ to the same tiles at about the
+// same time. Causal (bottom-right: every row sees nearly every key), the dQ tiles' claims, the waits for a tile's
+// first store and the reduce-adds behind it race on every tile (sm90/dq_tiles_sm90.cuh); non-causal, the
+// reduce-adds into the zero-filled accumulator. Two runs each, d 128 (64-row steps) and d 64 (128-row steps).
+TEST_F(Sm90Backward, ManyKeyBlocksShareDqTiles) {
+  for (int run = 0; run < 2; ++run) {
+    for (bool causal : {true, false}) {
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 4, 128, 100, 4096);
+      cfg.causal = causal;
+      check_backward(cfg);
+      cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, 64, 200, 4096);
+      cfg.causal = causal;
+      check_backward(cfg);
+    }
+  }
+}
+
 class Sm90BackwardHstu : public Sm90Backward {};
 
 // Jagged lengths with empty sequences and tile tails; max_seqlen_k a multiple of 8 (16-byte rab rows).
@@ -283,6 +300,16 @@ TEST_F(Sm90BackwardHstu, LongJagged) {
   cfg.num_targets = {257, 0, 32, 1, 257};
   cfg.target_group_size = 11;
   check_backward(cfg);
+}
+
+// Non-causal: every key block of a sequence contributes to every dQ tile, all starting together (the race of
+// Sm90Backward.ManyKeyBlocksShareDqTiles on jagged HSTU tiles, tails included).
+TEST_F(Sm90BackwardHstu, NonCausalShareDqTiles) {
+  for (int run = 0; run < 2; ++run) {
+    CaseConfig cfg = hstu_varlen(DType::kBFloat16, {1200, 1, 700, 0, 77}, 2, 128, /*causal=*/false, 0.1f);
+    cfg.max_seqlen_k = 1200;
+    check_backward(cfg);
+  }
 }
 
 // d 64 (64-row query steps, 128-key blocks): contexts, targets and a window with rab and dRab of 1 head (summed
