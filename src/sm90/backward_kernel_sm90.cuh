@@ -214,7 +214,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cute::Tensor sdQ = cute::make_tensor(make_smem_ptr(ss.staging.dq.data()), typename Traits::SmemLayoutdQ{});  // (kBlockM, kdQCols, halves)
         // kp.dq_states null: the accumulator is zero-filled and every contribution adds (sm90/dq_tiles_sm90.cuh).
         const bool tracked = kp.dq_states != nullptr;
-        uint32_t* stored = nullptr;  // lane 0: a tile stored by TMA, published once the store is complete
         for (auto walk = walk_steps(); walk.more(); walk.next()) {
           const int head = walk.head, m = walk.m;
           if (!block_visible(step_mask(), m)) continue;
@@ -225,10 +224,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           // The tile's state read before the hand-over (the load's latency hides behind the wait).
           const uint32_t seen = tracked ? load_relaxed_gpu(state) : DqTileStates::kWritten;
           cutlass::arch::NamedBarrier::arrive(Traits::kdQWriterThreads, empty);
-          if (stored != nullptr) {
-            publish_stored_dq(stored);
-            stored = nullptr;
-          }
           cutlass::arch::NamedBarrier::sync(Traits::kdQWriterThreads, full);
           const int row0 = int(row_base) + m * kBlockM;
           const bool first = tracked && claim_first_dq(state, seen);
@@ -241,17 +236,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             if (first) {
               auto dq_part = dq_view(kp.tma_dq_store);
               copy(kp.tma_dq_store, get<1>(dq_part)(_, w), get<0>(dq_part));
-              stored = state;
+              tma_store_arrive();
+              publish_stored_dq(state);
             } else {
               auto dq_part = dq_view(kp.tma_dq);
               copy(kp.tma_dq, get<1>(dq_part)(_, w), get<0>(dq_part));
+              tma_store_arrive();
+              tma_store_wait<0>();
             }
-            tma_store_arrive();
-            tma_store_wait<0>();
           }
           __syncwarp();
         }
-        if (stored != nullptr) publish_stored_dq(stored);
         return;
       }
     }

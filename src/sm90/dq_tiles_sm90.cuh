@@ -80,9 +80,9 @@ CUTE_DEVICE bool claim_first_dq(uint32_t* word, uint32_t seen) {
   return __shfl_sync(0xffffffffu, first, 0) != 0;
 }
 
-// A tile's first contribution stored by TMA: once the store is complete,
-// the tile is written. Lane 0 of the writer warp, one step later (the store completes while the warp waits for
-// the consumers).
+// A tile's first contribution, its TMA store issued: once the store is complete, the tile is written (lane 0 of
+// the writer warp, at once: publishing it a step later, while the warp waits for the consumers, measured no faster
+// and leaves the tile claimed for longer).
 CUTE_DEVICE void publish_stored_dq(uint32_t* word) {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   fence_proxy_async_global();
