@@ -7,6 +7,8 @@ common="--no-check --target-ms 150"
 declare -A G
 G[bwd64]="--kind fa --backend sm90 --directions bwd --d 64 --seqlen 1024,4096,16384 --peers cuteattn,sdpa-cudnn"
 G[bwd128]="--kind fa --backend sm90 --directions bwd --d 128 --seqlen 1024,4096,16384 --peers cuteattn,sdpa-cudnn"
+G[bwd128s]="--kind fa --backend sm90 --directions bwd --d 128 --seqlen 512,2048 --peers cuteattn,sdpa-cudnn"
+G[bwd64s]="--kind fa --backend sm90 --directions bwd --d 64 --seqlen 512,2048 --peers cuteattn,sdpa-cudnn"
 G[bwd128c]="--kind fa --backend sm90 --directions bwd --d 128 --causal --seqlen 1024,4096,16384 --peers cuteattn,sdpa-cudnn"
 G[bwd256]="--kind fa --backend sm90 --directions bwd --d 256 --seqlen 1024,4096 --peers cuteattn,sdpa-cudnn"
 G[hstu]="--kind hstu --dense --d 128 --backend sm90 --directions fwd,bwd --seqlen 2048,4096,16384 --peers cuteattn"

@@ -162,9 +162,7 @@ constexpr int kDqRedVec = 1;
 template <class Fragment>
 __device__ __forceinline__ void red_add_dq(float* dst, Fragment const& frag, int first) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(frag(first)),
-               "f"(frag(first + 1)), "f"(frag(first + 2)), "f"(frag(first + 3))
-               : "memory");
+  red_add_f32x4(dst, frag(first), frag(first + 1), frag(first + 2), frag(first + 3));
 #else
   asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(dst), "f"(frag(first)) : "memory");
 #endif

@@ -80,16 +80,35 @@ CUTE_DEVICE void query_blocks(detail::Mask const& mask, int64_t n0, int& m_begin
 // The (query head, query block) of each step, head-major, as the producer, the dQ writers and the consumers walk
 // the steps, by a cursor (a division and a remainder per step were a visible part of the step head). Softmax
 // walks every query head of the kv head; HSTU has one (h_k == h, hstu_tma_refusal), so its step is the query
-// block alone (the two-level cursor spilled in the HSTU d 128 consumers).
+// block alone (the two-level cursor spilled in the HSTU d 128 consumers). kRotated (softmax d 128): each head's
+// query blocks from `first` on, wrapping around, so that where the dQ tiles are tracked without a right-bounded
+// mask key block n can start at its diagonal block and the key blocks' first contributions to a tile do not meet
+// (sm90/dq_tiles_sm90.cuh); first = m_begin elsewhere.
+template <bool kRotated>
 struct HeadsStepWalk {
   int head, m, m_begin, m_end, head_end;
-  CUTE_DEVICE HeadsStepWalk(int head0, int heads, int m_begin_, int m_end_)
+  CUTE_DEVICE HeadsStepWalk(int head0, int heads, int m_begin_, int m_end_, int)
       : head(head0), m(m_begin_), m_begin(m_begin_), m_end(m_end_),
         head_end(m_begin_ < m_end_ ? head0 + heads : head0) {}
   CUTE_DEVICE bool more() const { return head < head_end; }
   CUTE_DEVICE void next() {
     if (++m == m_end) {
       m = m_begin;
+      ++head;
+    }
+  }
+};
+template <>
+struct HeadsStepWalk<true> {
+  int head, m, m_begin, m_end, left, head_end;
+  CUTE_DEVICE HeadsStepWalk(int head0, int heads, int m_begin_, int m_end_, int first)
+      : head(head0), m(first), m_begin(m_begin_), m_end(m_end_), left(m_end_ - m_begin_),
+        head_end(m_begin_ < m_end_ ? head0 + heads : head0) {}
+  CUTE_DEVICE bool more() const { return head < head_end; }
+  CUTE_DEVICE void next() {
+    if (++m == m_end) m = m_begin;
+    if (--left == 0) {
+      left = m_end - m_begin;  // a whole turn: m is `first` again
       ++head;
     }
   }
@@ -151,7 +170,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if constexpr (Traits::kHstu) {
       return OneHeadStepWalk(head0, m_begin, m_end);
     } else {
-      return HeadsStepWalk(head0, kp.heads_per_kv, m_begin, m_end);
+      // Tracked dQ tiles without a right-bounded mask (sm90/dq_tiles_sm90.cuh): from the key block's diagonal.
+      const bool rotate = Traits::kRotatedSteps && kp.dq_states != nullptr && p.window_right < 0 && m_end > m_begin;
+      const int first = rotate ? m_begin + n_block * (kBlockN / kBlockM) % (m_end - m_begin) : m_begin;
+      return HeadsStepWalk<Traits::kRotatedSteps>(head0, kp.heads_per_kv, m_begin, m_end, first);
     }
   };
   // Whether query block m sees the key block under `mk` (this sequence's mask). The row range is exact for

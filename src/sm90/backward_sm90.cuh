@@ -66,8 +66,10 @@ struct Sm90Backward {
     Plan pl;
     pl.dq_elems = size_t(p.total_q) * size_t(p.heads) * kHeadDim;
     pl.states_offset = align_up(pl.dq_elems * sizeof(float));
-    // Tile states where the key blocks reach the query blocks one after the other (sm90/dq_tiles_sm90.cuh).
-    pl.dq_tracked = !Traits::kdQAtomic && p.window_right >= 0;
+    // Tile states where the key blocks reach the query blocks one after the other (sm90/dq_tiles_sm90.cuh): masks
+    // bounded on the right, or (Traits::kRotatedSteps) at least as many query blocks as key-block diagonals, each
+    // key block starting at its own.
+    pl.dq_tracked = !Traits::kdQAtomic && (p.window_right >= 0 || (Traits::kRotatedSteps && p.seqlen_q >= p.seqlen_k));
     pl.states = pl.dq_tracked ? size_t(sm90::DqTileStates::count<Traits::kBlockM>(p.total_q, p.batch, p.heads)) : 0;
     pl.dsum_offset = align_up(pl.states_offset + pl.states * sizeof(uint32_t));
     pl.drab_offset = kHstu ? pl.dsum_offset

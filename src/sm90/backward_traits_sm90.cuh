@@ -138,6 +138,11 @@ struct BackwardTraitsSm90 {
   // through shared memory: dense 2k / 4k / 16k +0-4% / +4-5% / +3-6%, jagged max 4k / 8k +3-7%; ncu (dense 4k):
   // tensor pipe active 50% -> 54%, shared-memory wavefronts -13%.
   static constexpr bool kSwapSdP = kHstu;
+  // Softmax d 128: the steps of a key block may start at its diagonal query block (HeadsStepWalk), so that its dQ
+  // tiles are tracked without a right-bounded mask too (sm90/dq_tiles_sm90.cuh): H100 bf16 non-causal, same
+  // process, s 512 / 1k / 2k-16k +5% / +3% / +0-1%. At d 64 (128-row steps) the same measured +7% at s 512 but
+  // -1% to -2% from s 1k on: it keeps the zero-fill there.
+  static constexpr bool kRotatedSteps = !kHstu && kHeadDim == 128;
   static constexpr int kStages = 2;
   static constexpr int kPBuffers = kSwapSdP ? 0 : kBlockM == 128 ? 1 : 2;
   static_assert(!kSplitCols || kPBuffers == 2, "P read by both warpgroups needs two buffers");

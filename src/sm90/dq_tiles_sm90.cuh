@@ -1,14 +1,17 @@
 // The fp32 dQ workspace of the sm90 backward without a zero-fill, where the key blocks reach a query block one
-// after the other (causal masks, windows bounded on the right: key block n starts at a later query block than
-// n - 1). Each (query block, query head, column half) tile of the workspace has a state word: the first dQ writer
-// warp to bring a contribution to a tile claims it, stores its part by TMA and then marks it written; every later
-// contribution waits until the tile is written and adds itself by TMA reduce-add. A sequence's last, partial tile
-// is zeroed and marked written beforehand (prepare_dq_tiles_kernel; a store of its whole tile would overwrite the
-// next sequence's first rows), so every contribution adds there. The conversion pass reads the tiles that were
-// written and writes zero dQ for the others (query blocks no key block reaches). What it saves: the zero-fill of
-// the accumulator (4 bytes per element) and the reads of those zeros behind each tile's first reduce-add.
-// Where all key blocks start at the same query block (no right bound), their first contributions would meet on
-// every tile and wait for each other: those calls zero-fill the accumulator and every contribution adds.
+// after the other: masks bounded on the right (causal, windows: key block n starts at a later query block than
+// n - 1), and softmax d 128 without such a mask where s_q >= s_k, whose key block n walks the query blocks from
+// its diagonal on, wrapping around (HeadsStepWalk). Each (query block, query head, column half) tile of the workspace
+// has a state word: the first dQ writer warp to bring a contribution to a tile claims it, stores its part by TMA
+// and then marks it written; every later contribution waits until the tile is written and adds itself by TMA
+// reduce-add. A sequence's last, partial tile is zeroed and marked written beforehand (prepare_dq_tiles_kernel; a
+// store of its whole tile would overwrite the next sequence's first rows), so every contribution adds there. The
+// conversion pass reads the tiles that were written and writes zero dQ for the others (query blocks no key block
+// reaches). What it saves: the zero-fill of the accumulator (4 bytes per element) and the reads of those zeros
+// behind each tile's first reduce-add.
+// Where all key blocks would start at the same query block (no right bound: HSTU, softmax d 64, s_q < s_k),
+// their first contributions would meet on every tile and wait for each other (0.45-0.7x): those calls zero-fill
+// the accumulator and every contribution adds.
 // Rows of a partial tile past its sequence belong to the next sequence's first tile, if any: the reduce-adds add
 // exact zeros there (the consumers' dQ rows past the sequence are zero), harmless before or after that tile's store.
 #pragma once
