@@ -150,15 +150,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_tiles_kernel(con
   }
 }
 
-// Accumulator columns in logical order (the column order argument of convert_dq_rows_kernel).
-struct LogicalColumns {
-  __device__ static constexpr int physical(int c) { return c; }
-};
-
-// The sm90 backward's row-major accumulator (total_q, heads, kHeadDim): dq[g, h, c] = scale *
-// dq_accum[g, h, Columns::physical(c)] (Columns: where the kernel left logical column c; it keeps groups of 4
-// together). A thread converts 4 consecutive columns of one (row, head).
-template <class Element, int kHeadDim, class Columns = LogicalColumns>
+// The sm90 d 256 backward's row-major accumulator (total_q, heads, kHeadDim), zero-filled and added into from the
+// registers in logical column order: dq[g, h, c] = scale * dq_accum[g, h, c]. A thread converts 4 consecutive
+// columns of one (row, head). (The other sm90 backward kernels convert through sm90/dq_tiles_sm90.cuh.)
+template <class Element, int kHeadDim>
 __global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const float* dq_accum, float scale) {
   constexpr int kVec = 4;
   constexpr int kThreadsPerRow = kHeadDim / kVec;
@@ -169,8 +164,7 @@ __global__ void convert_dq_rows_kernel(const __grid_constant__ Params p, const f
   for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / kThreadsPerRow) + threadIdx.x / kThreadsPerRow; w < rows;
        w += rows_per_step) {
     if (c >= p.head_dim) continue;
-    const int pc = Columns::physical(c);
-    const float4 acc = *reinterpret_cast<const float4*>(dq_accum + w * kHeadDim + pc);
+    const float4 acc = *reinterpret_cast<const float4*>(dq_accum + w * kHeadDim + c);
     const int64_t g = w / p.heads, h = w % p.heads;  // global query row, head
     int64_t bi = 0, row = g;
     if (!p.varlen) {

@@ -274,7 +274,7 @@ struct Sm90Backward {
 
     if (p.total_q > 0 && Traits::kdQAtomic) {
       // The d 256 kernel adds dQ from its registers in logical order into the zeroed accumulator.
-      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim, sm80_bwd::LogicalColumns>
+      sm80_bwd::convert_dq_rows_kernel<Element, kHeadDim>
           <<<aux_blocks(p.total_q * p.heads * (kHeadDim / 4)), kAuxThreads, 0, stream>>>(p, dq_accum, p.scale);
     } else if (p.total_q > 0) {
       const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;

@@ -57,8 +57,8 @@ enum class BwdBarrier : uint32_t {
 // 4 j + 16 k + c. A consumer thread stores two adjacent columns of rows r and r + 8 of each 8-column group j;
 // in logical order the 128-byte swizzle put rows r and r + 1 of a half-warp's 8-byte stores on the same two
 // 16-byte chunks (two-way bank conflicts: 34 M of the d 128 s 4k backward's 112 M shared-store wavefronts,
-// ncu); in this order the half-warp's four rows cover all 32 banks. convert_dq_rows_kernel reads the columns
-// back through `physical`.
+// ncu); in this order the half-warp's four rows cover all 32 banks. convert_dq_tiles_kernel
+// (sm90/dq_tiles_sm90.cuh) reads the columns back through `physical`.
 struct dQWorkspaceColumns {
   CUTE_HOST_DEVICE static constexpr int physical(int c) {
     return c / 32 * 32 + c % 32 / 8 * 4 + c % 8 / 4 * 16 + c % 4;

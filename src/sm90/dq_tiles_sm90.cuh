@@ -63,9 +63,9 @@ CUTE_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.gl
 // hand-over (most contributions find the tile written and need no atomic).
 // The state words are read relaxed: an acquire load at gpu scope invalidates the SM's L1 (CCTL.IVALL), every step.
 // Ordering holds without it: the first contribution's store is complete at L2 before its state says written
-// (publish_stored_dq), the reduce-add behind a written state is issued
-// only once that state is read, and it is performed at L2, where the store already is; the proxy fence keeps the
-// warp's TMA operation behind its generic read.
+// (publish_stored_dq), the reduce-add behind a written state is issued only once that state is read, and it is
+// performed at L2, where the store already is; the proxy fence keeps the warp's TMA operation behind its generic
+// read.
 CUTE_DEVICE bool claim_first_dq(uint32_t* word, uint32_t seen) {
   uint32_t first = 0;
   if (cutlass::canonical_lane_idx() == 0) {

@@ -235,12 +235,9 @@ TEST_F(Sm90Backward, LongCausalGqa) {
 TEST_F(Sm90Backward, ManyKeyBlocksShareDqTiles) {
   for (int run = 0; run < 2; ++run) {
     for (bool causal : {true, false}) {
-      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 4, 4, 128, 100, 4096);
-      cfg.causal = causal;
-      check_backward(cfg);
-      cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, 64, 200, 4096);
-      cfg.causal = causal;
-      check_backward(cfg);
+      auto set_causal = [causal](CaseConfig& c) { c.causal = causal; };
+      check_backward(with(softmax_fixed(DType::kBFloat16, 1, 4, 4, 128, 100, 4096), set_causal));
+      check_backward(with(softmax_fixed(DType::kBFloat16, 1, 2, 1, 64, 200, 4096), set_causal));
     }
     // Non-causal with s_q >= s_k: tracked tiles, each key block's walk starting at its diagonal query block.
     check_backward(softmax_fixed(DType::kBFloat16, 1, 4, 2, 128, 2047, 2047));
