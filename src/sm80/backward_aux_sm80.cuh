@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_tiles_kernel(con
   const SequenceInfo seq = SequenceInfo::of(p, bi);
   const int rows = int(cute::min(seq.sq - int64_t(m) * kBlockM, int64_t(kBlockM)));
   if (rows <= 0) return;
-  const int64_t row0 = p.varlen ? seq.q_start : bi * p.seqlen_q;
+  const int64_t row0 = seq.first_q_row(p, bi);
   const float* src = dq_accum + (Layout::first_tile(p, bi, row0) + int64_t(m) * p.heads + h) * Layout::kTileElems +
                      tid * kDqRedVec;
 

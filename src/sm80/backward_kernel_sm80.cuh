@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               static_cast<const Element*>(p.dout.ptr) + seq.q_offset(p.dout, bi, 0, hq),
               kHstu ? nullptr : p.lse + lse_row0, kHstu ? nullptr : args.dsum + lse_row0,
               args.dq_accum + (deterministic ? split_x : 0) * args.dq_split_stride +
-                  (DqLayout::first_tile(p, bi, p.varlen ? seq.q_start : bi * p.seqlen_q) + hq) * DqLayout::kTileElems};
+                  (DqLayout::first_tile(p, bi, seq.first_q_row(p, bi)) + hq) * DqLayout::kTileElems};
         }
         __syncthreads();
         if (m < m_end) load_q_do(m, 0);

@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           const int head = walk.head, m = walk.m;
           if (!block_visible(step_mask(), m)) continue;
           const detail::SequenceInfo sinfo = step_seq();
-          const int64_t row_base = DqTileStates::row_base(p, sinfo, bi);
+          const int64_t row_base = sinfo.first_q_row(p, bi);
           uint32_t* state =
               tracked ? kp.dq_states + DqTileStates::index<kBlockM>(row_base, bi, m, head, p.heads, w) : nullptr;
           // The tile's state read before the hand-over (the load's latency hides behind the wait).
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
     const int d = int(p.head_dim);
     const bool softcap = p.softcap > 0.0f;
-    const int dq_row_base = int(p.varlen ? seq.q_start : int64_t(bi) * p.seqlen_q);
+    const int dq_row_base = int(seq.first_q_row(p, bi));
 
     // d <= 128: the query blocks whose tile needs no element mask, found once (at d 256 the range kept live
     // across the loop spilled; it asks the mask per step there). Exact for softmax windows; for HSTU a subset

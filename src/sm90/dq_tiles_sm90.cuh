@@ -41,10 +41,6 @@ struct DqTileStates {
                                         int half) {
     return ((row_base / kBlockM + bi + m) * heads + head) * kHalves + half;
   }
-  // The first workspace row of batch entry bi.
-  CUTE_HOST_DEVICE static int64_t row_base(const detail::Params& p, const detail::SequenceInfo& seq, int64_t bi) {
-    return p.varlen ? seq.q_start : bi * p.seqlen_q;
-  }
 };
 
 CUTE_DEVICE uint32_t load_relaxed_gpu(const uint32_t* word) {
@@ -98,7 +94,7 @@ template <int kHeadDim, int kBlockM>
 __global__ void prepare_dq_tiles_kernel(const __grid_constant__ detail::Params p, float* dq_accum, uint32_t* states) {
   const int64_t bi = blockIdx.x;
   const detail::SequenceInfo seq = detail::SequenceInfo::of(p, bi);
-  const int64_t base = DqTileStates::row_base(p, seq, bi);
+  const int64_t base = seq.first_q_row(p, bi);
   const int64_t full = seq.sq / kBlockM;  // tiles whose rows all lie in the sequence
   const int64_t words_per_tile = p.heads * DqTileStates::kHalves;
   const int64_t words = (seq.sq + kBlockM - 1) / kBlockM * words_per_tile;
@@ -129,7 +125,7 @@ __global__ void __launch_bounds__(kConvertThreads)
   const int64_t row0 = m * kBlockM;
   if (row0 >= seq.sq) return;
   const int rows = int(seq.sq - row0 < kBlockM ? seq.sq - row0 : kBlockM);
-  const int64_t base = DqTileStates::row_base(p, seq, bi);
+  const int64_t base = seq.first_q_row(p, bi);
   auto written = [&](int half) {
     return states == nullptr ||
            states[DqTileStates::index<kBlockM>(base, bi, m, head, p.heads, half)] == DqTileStates::kWritten;

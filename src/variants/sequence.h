@@ -35,6 +35,9 @@ struct SequenceInfo {
   CUTEATTN_HD int64_t k_offset(const RowMajorView& t, int64_t bi, int64_t row, int64_t head) const {
     return bi * t.batch_stride + (k_start + row) * t.row_stride + head * t.head_stride;
   }
+  // The first row of batch entry bi among all query rows, the entries' rows one after another: q_start (varlen) or
+  // bi * seqlen_q (the rows of the backward's dQ workspace).
+  CUTEATTN_HD int64_t first_q_row(const Params& p, int64_t bi) const { return p.varlen ? q_start : bi * p.seqlen_q; }
   // Index of LSE(bi, head, local row) in the contiguous LSE buffer.
   CUTEATTN_HD int64_t lse_index(const Params& p, int64_t bi, int64_t head, int64_t row) const {
     return p.varlen ? head * p.total_q + q_start + row : (bi * p.heads + head) * p.seqlen_q + row;
