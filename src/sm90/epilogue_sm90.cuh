@@ -227,28 +227,23 @@ struct ForwardEpilogueSm90 {
     }
   }
 
-  // Quad lane q holds pieces[k] = its part of block k (k = 0..3) and ends with pieces[k] = lane k's part of block
-  // q: two exchanges, with the lane q ^ 1 and the lane q ^ 2, two shuffles each.
+  // Quad lane q holds piece[k] = its part of block k (k = 0..3) and ends with piece[k] = lane k's part of block q:
+  // an exchange with lane q ^ 1, then one with lane q ^ 2, of the pieces k and k ^ m that differ in bit m: the lane
+  // with bit m set gives its piece k (bit m clear) for the partner's piece k ^ m, the other the reverse.
   CUTE_DEVICE static void quad_transpose(uint32_t (&piece)[4], int q) {
-    const bool odd = q & 1;
-    uint32_t x = __shfl_xor_sync(0xffffffffu, odd ? piece[0] : piece[1], 1);
-    uint32_t y = __shfl_xor_sync(0xffffffffu, odd ? piece[2] : piece[3], 1);
-    if (odd) {
-      piece[0] = x;
-      piece[2] = y;
-    } else {
-      piece[1] = x;
-      piece[3] = y;
-    }
-    const bool high = q & 2;
-    x = __shfl_xor_sync(0xffffffffu, high ? piece[0] : piece[2], 2);
-    y = __shfl_xor_sync(0xffffffffu, high ? piece[1] : piece[3], 2);
-    if (high) {
-      piece[0] = x;
-      piece[1] = y;
-    } else {
-      piece[2] = x;
-      piece[3] = y;
+    CUTE_UNROLL
+    for (int m = 1; m <= 2; m *= 2) {
+      const bool upper = q & m;
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        if (k & m) continue;
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? piece[k] : piece[k + m], m);
+        if (upper) {
+          piece[k] = got;
+        } else {
+          piece[k + m] = got;
+        }
+      }
     }
   }
 
