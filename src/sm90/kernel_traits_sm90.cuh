@@ -229,8 +229,9 @@ struct ForwardTraitsSm90 {
 
   // Epilogue: each consumer warpgroup stages its 64 rows of O in shared memory and one of its threads stores
   // them with TMA, so the warpgroup goes on to its next tile while the store drains. It needs kBlockM x d more
-  // shared memory: softmax d <= 128 and HSTU d <= 128 have it (d 128: 32 + 2 x 64 + 32 KB, HSTU with its one
-  // block of rab 32 KB more); the others store from registers. 1 KB of the budget is left for the barriers.
+  // shared memory: softmax d <= 128 and HSTU d <= 192 have it (d 128: 32 + 2 x 64 + 32 KB, HSTU with its one
+  // block of rab 32 KB more); the others store from registers, 16 bytes per thread after a transpose within each
+  // quad (ForwardEpilogueSm90::store_from_registers). 1 KB of the budget is left for the barriers.
   static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kBytesMain =
       (kBlockM * kHeadDim + kStages * 2 * kBlockN * kHeadDim + (kHasRabRing ? kRabDepth * kBlockM * kBlockN : 0)) *
