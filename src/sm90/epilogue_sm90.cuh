@@ -182,7 +182,7 @@ struct ForwardEpilogueSm90 {
   // Straight from registers. A thread holds two columns of each 8-column block of its rows, a quad (lanes 4g to
   // 4g + 3) the whole block: a 4 x 4 transpose within the quad (quad_transpose) gives each of its threads a whole
   // block of every four, stored as 16 bytes. H100 bf16, softmax d 256: the 4-byte column-pair stores (a warp's
-  // store touching 8 rows for 128 bytes) cost 19-24% of the forward time at s 512-1k (time without them, same
+  // store touching 8 rows for 128 bytes) cost 16-24% of the forward time at s 512-1k (time without them, same
   // process: s 512 421 -> 547 TFLOP/s, causal 247 -> 326, s 1k 570 -> 678).
   template <class KernelParams, class FragOut>
   CUTE_DEVICE static void store_from_registers(KernelParams const& kp, TileWork const& w, int tid,
