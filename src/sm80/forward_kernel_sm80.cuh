@@ -260,6 +260,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   }
   cp_async_fence();
 
+  // Whether a row of this thread's warp sees a key of the block from key n0 (Traits::kWarpsSkipHiddenBlocks): each
+  // thread tests its own rows' spans, the warp votes.
+  auto warp_sees_block = [&](int n0) __attribute__((always_inline)) {
+    Tensor tScS_rc = score_coords();  // (ROWS, COLS)
+    bool sees = false;
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<0>(tScS_rc); ++mi) {
+      const int4 s = smem_spans[get<0>(tScS_rc(mi, 0))];
+      const int n1 = n0 + kBlockN;
+      sees |= max(s.x, n0) < min(s.y, n1) || max(s.z, n0) < min(s.w, n1);
+    }
+    return __any_sync(0xffffffffu, sees);
+  };
+
   // One key block. kMasked: the tile has invisible or out-of-range entries (element mask, row-checked V
   // copy); kFeature: softcap (softmax) or rab (HSTU) is on. Each combination is a separate inlined copy of
   // the body so that the common path (full tile, no feature) carries no predicated-off mask or tanh work.
@@ -285,50 +299,58 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
       cp_async_fence();
     }
 
+    // A warp none of whose rows sees a key of a masked block leaves it: its scores would all be masked, which
+    // leaves O and the row statistics as they are. It still takes part in the block's copies and barriers.
+    const bool warp_skips = kMasked && Traits::kWarpsSkipHiddenBlocks && !warp_sees_block(int(n0));
+
     // HSTU relative attention bias, read straight into the accumulator layout; in flight during Q K^T.
     Tensor rRab = make_tensor<float>(shape(acc_s_rc));  // (ROWS, COLS)
     if constexpr (kHstu && kFeature) {
-      Tensor tScS_rc = score_coords();  // (ROWS, COLS)
-      CUTE_UNROLL
-      for (int mi = 0; mi < size<0>(rRab); ++mi) {
-        const int64_t i = m0 + get<0>(tScS_rc(mi, 0));
-        const int64_t r = i + (seq.sk - seq.sq);
-        const bool row_ok = i < seq.sq && r >= 0 && r < p.seqlen_k;
-        const Element* rab_row = rab_ptr + r * p.rab_row_stride;
+      if (!warp_skips) {
+        Tensor tScS_rc = score_coords();  // (ROWS, COLS)
         CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(rRab); ++ni) {
-          const int64_t j = n0 + get<1>(tScS_rc(0, ni));
-          rRab(mi, ni) = row_ok && (!kMasked || j < sk) ? float(rab_row[j]) : 0.0f;
+        for (int mi = 0; mi < size<0>(rRab); ++mi) {
+          const int64_t i = m0 + get<0>(tScS_rc(mi, 0));
+          const int64_t r = i + (seq.sk - seq.sq);
+          const bool row_ok = i < seq.sq && r >= 0 && r < p.seqlen_k;
+          const Element* rab_row = rab_ptr + r * p.rab_row_stride;
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(rRab); ++ni) {
+            const int64_t j = n0 + get<1>(tScS_rc(0, ni));
+            rRab(mi, ni) = row_ok && (!kMasked || j < sk) ? float(rab_row[j]) : 0.0f;
+          }
         }
       }
     }
 
-    // Swizzled shared addresses of every k-slice; with kRebuildSmemAddresses derived here from a thread index
-    // the compiler cannot see through (hoisted out of the key loop they hold ~20 registers for the whole loop).
-    const int step_tid = smem_tid();
-    auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(step_tid);
-    Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
-    auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(step_tid);
-    Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
-            smem_thr_copy_K);
+    if (!warp_skips) {
+      // Swizzled shared addresses of every k-slice; with kRebuildSmemAddresses derived here from a thread index
+      // the compiler cannot see through (hoisted out of the key loop they hold ~20 registers for the whole loop).
+      const int step_tid = smem_tid();
+      auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(step_tid);
+      Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
+      auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(step_tid);
+      Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+              smem_thr_copy_K);
 
-    if constexpr (kHstu) {
-      const detail::HstuPointwise hstu(p);
-      CUTE_UNROLL
-      for (int mi = 0; mi < size<0>(acc_s_rc); ++mi) {
+      if constexpr (kHstu) {
+        const detail::HstuPointwise hstu(p);
         CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(acc_s_rc); ++ni) {
-          acc_s_rc(mi, ni) = hstu.prob(kFeature ? acc_s_rc(mi, ni) + rRab(mi, ni) : acc_s_rc(mi, ni));
+        for (int mi = 0; mi < size<0>(acc_s_rc); ++mi) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(acc_s_rc); ++ni) {
+            acc_s_rc(mi, ni) = hstu.prob(kFeature ? acc_s_rc(mi, ni) + rRab(mi, ni) : acc_s_rc(mi, ni));
+          }
         }
+        if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), 0.0f);
+      } else {
+        if constexpr (kFeature) {
+          CUTE_UNROLL
+          for (int e = 0; e < size(acc_s); ++e) acc_s(e) = p.softcap * tanh_approx(acc_s(e) * softcap_in);
+        }
+        if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), -INFINITY);
       }
-      if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), 0.0f);
-    } else {
-      if constexpr (kFeature) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = p.softcap * tanh_approx(acc_s(e) * softcap_in);
-      }
-      if constexpr (kMasked) mask_tile(acc_s_rc, score_coords(), smem_spans, int(n0), -INFINITY);
     }
 
     cp_async_wait<0>();
@@ -339,6 +361,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
       cp_async_fence();
     }
 
+    if (warp_skips) return;
     if constexpr (!kHstu) softmax.update(acc_s_rc, acc_o_rc, scale_log2, smem_tid());
 
     Tensor rP = convert_fragment<typename Traits::ElementMma>(acc_s);  // (MMA, MMA_M, MMA_N)

@@ -32,6 +32,9 @@ CaseConfig small_hstu(int64_t head_dim) {
 
 TEST(Sanitize, Sm80ForwardSoftmax) { check_forward_on_device(small_softmax(64), Backend::kSm80); }
 
+// The 8-warp tile, whose warps leave the masked blocks their rows do not see (Sm80Forward.WarpsSkipHiddenBlocks).
+TEST(Sanitize, Sm80ForwardSoftmaxEightWarps) { check_forward_on_device(small_softmax(256), Backend::kSm80); }
+
 TEST(Sanitize, Sm80ForwardHstu) { check_forward_on_device(small_hstu(64), Backend::kSm80); }
 
 TEST(Sanitize, Sm80BackwardSoftmax) { check_backward_on_device(small_softmax(64), Backend::kSm80); }
