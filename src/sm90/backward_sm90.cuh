@@ -198,13 +198,13 @@ struct Sm90Backward {
       auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
       auto dq_view = cute::make_tensor(make_gmem_ptr(dq_accum), make_shape(int(p.total_q), kHeadDim, int(p.heads)),
                                        make_stride(p.heads * kHeadDim, _1{}, int64_t(kHeadDim)));
-      // The dQ reduce-add and store by TMA; none where dQ leaves by reductions from the registers (kdQAtomic).
-      auto make_dq_tma = [](auto op, auto const& view) {
+      // The dQ reduce-add and store by TMA; unused descriptors (`none`) where dQ leaves by reductions from the
+      // registers (kdQAtomic).
+      auto make_dq_tma = [&](auto op, auto none) {
         if constexpr (Traits::kdQAtomic) {
-          return decltype(make_tma_copy(op, view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
-                                        Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{})){};
+          return none;
         } else {
-          return make_tma_copy(op, view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
+          return make_tma_copy(op, dq_view, take<0, 2>(typename Traits::SmemLayoutdQ{}),
                                Shape<Int<Traits::kBlockM>, Int<Traits::kdQCols>>{}, _1{});
         }
       };
@@ -215,8 +215,8 @@ struct Sm90Backward {
                         _1{}),
           make_tma_copy(SM90_TMA_LOAD{}, make_view(p.v, rows_k, p.heads_k), typename Traits::SmemLayoutV{}, tile_k,
                         _1{}),
-          make_dq_tma(SM90_TMA_REDUCE_ADD{}, dq_view),
-          make_dq_tma(SM90_TMA_STORE{}, dq_view),
+          make_dq_tma(SM90_TMA_REDUCE_ADD{}, typename Traits::TmadQ{}),
+          make_dq_tma(SM90_TMA_STORE{}, typename Traits::TmadQStore{}),
           dq_view.shape(),
           make_shape(rows_q, int(p.head_dim), int(p.heads), batches),
           make_shape(rows_k, int(p.head_dim), int(p.heads_k), batches),
