@@ -43,6 +43,7 @@ G[fwd256]="--kind fa --backend sm80 --directions fwd --d 256 --no-causal --seqle
 G[fwd128c]="--kind fa --backend sm80 --directions fwd --d 128 --causal --seqlen 512,1024,4096 --peers cuteattn,sdpa-flash"
 G[fwd64c]="--kind fa --backend sm80 --directions fwd --d 64 --causal --seqlen 512,1024,4096 --peers cuteattn,sdpa-flash"
 G[fwd128]="--kind fa --backend sm80 --directions fwd --d 128 --no-causal --seqlen 512,4096 --peers cuteattn,sdpa-flash"
+G[fwd64]="--kind fa --backend sm80 --directions fwd --d 64 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
 t0=$SECONDS
 for r in $(seq 1 $rounds); do
   for g in $groups; do
