@@ -26,6 +26,26 @@ std::vector<CaseConfig> bucket_cases(int64_t head_dim) {
   return cases;
 }
 
+std::vector<CaseConfig> key_block_edge_cases(int64_t head_dim) {
+  std::vector<CaseConfig> cases;
+  const int64_t lengths[][2] = {{337, 337}, {161, 419}, {419, 161}};
+  for (bool causal : {false, true}) {
+    for (const auto& len : lengths) {
+      CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, head_dim, len[0], len[1]);
+      cfg.causal = causal;
+      cases.push_back(cfg);
+    }
+  }
+  CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 1, 1, head_dim, 419, 419);
+  cfg.window_left = 81;
+  cfg.window_right = 47;
+  cases.push_back(cfg);
+  cfg = softmax_varlen(DType::kBFloat16, {0, 80, 112, 1, 255}, {}, 2, 2, head_dim);
+  cfg.causal = true;
+  cases.push_back(cfg);
+  return cases;
+}
+
 std::vector<CaseConfig> hstu_window_cases() {
   // rab rows are max_seqlen_k long and must start on 16-byte boundaries (checked), hence max = 304.
   CaseConfig cfg = hstu_varlen(DType::kBFloat16, {304, 17, 129, 0}, 2, 128, /*causal=*/false, 1.0f / 128);

@@ -13,6 +13,12 @@ namespace cuteattn::test {
 // GQA once, varlen with empty sequences once, HSTU with a 1-head rab (+ dRab for the backward) and targets once.
 std::vector<CaseConfig> bucket_cases(int64_t head_dim);
 
+// Softmax cases at the edges of key blocks (sm90's 112- and 80-key blocks of d 192 / 256, which are no power of
+// 2; the sm80 8-warp tiles, whose warps leave masked blocks their rows do not see): lengths that are no multiple
+// of the blocks, causal and not with s_q = s_k, s_q < s_k and s_q > s_k, a window whose edges cut blocks, varlen
+// sequences of one block, one row and none. Short enough for the float64 oracle.
+std::vector<CaseConfig> key_block_edge_cases(int64_t head_dim);
+
 // HSTU without a causal mask, with rab of h heads, unbounded and under three local windows (d = 128).
 std::vector<CaseConfig> hstu_window_cases();
 

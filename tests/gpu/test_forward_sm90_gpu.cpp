@@ -153,30 +153,14 @@ TEST_F(Sm90Forward, HeadDims) {
   }
 }
 
-// The key-block widths that are no power of 2 (kBlockN 112 at d 192, 80 at d 256) and d 128 for comparison:
-// lengths that are no multiple of them, causal with s_q < s_k and s_q > s_k, a window whose edges cut blocks,
-// varlen sequences of one block, one row and none. Short enough for the float64 oracle.
+// The key-block widths that are no power of 2 (kBlockN 112 at d 192, 80 at d 256) and d 128 for comparison.
 TEST_F(Sm90Forward, KeyBlockWidths) {
-  const int64_t lengths[][2] = {{337, 337}, {161, 419}, {419, 161}};
   for (int64_t d : {128, 192, 256}) {
     if (!auto_picks_sm90(softmax_fixed(DType::kBFloat16, 1, 1, 1, d, 64, 64))) {
       ADD_FAILURE() << "head dim " << d << ": no sm90 kernel in this build (CUTEATTN_HDIMS); not tested";
       continue;
     }
-    for (bool causal : {false, true}) {
-      for (const auto& len : lengths) {
-        CaseConfig cfg = softmax_fixed(DType::kBFloat16, 1, 2, 1, d, len[0], len[1]);
-        cfg.causal = causal;
-        check_forward(cfg);
-      }
-    }
-    CaseConfig cfg = softmax_fixed(DType::kFloat16, 1, 1, 1, d, 419, 419);
-    cfg.window_left = 81;
-    cfg.window_right = 47;
-    check_forward(cfg);
-    cfg = softmax_varlen(DType::kBFloat16, {0, 80, 112, 1, 255}, {}, 2, 2, d);
-    cfg.causal = true;
-    check_forward(cfg);
+    for (const CaseConfig& cfg : key_block_edge_cases(d)) check_forward(cfg);
   }
 }
 
