@@ -77,9 +77,10 @@ struct ForwardTraits {
   static_assert(kHeadDim % 32 == 0, "head-dim buckets are multiples of 32");
   static_assert(kBlockM == 16 * kNWarps || kBlockM == 32 * kNWarps, "each warp owns 16 or 32 rows");
   // Softmax tiles where each warp owns one contiguous slice of 16 rows (8 warps): a warp whose rows see no key of
-  // a masked block leaves it (forward_kernel_sm80's step), e.g. warps 0-3 the upper of a causal diagonal's two
-  // blocks. In the 4-warp tiles a warp's rows are two slices 64 rows apart, which see keys on both sides of a
-  // diagonal; the HSTU d 256 tile spilled 384 bytes with the skip (sm_90a).
+  // a masked block leaves it (forward_kernel_sm80's step), e.g. warps 0-3 leave the upper of a causal diagonal's
+  // two blocks. In the 4-warp tiles a warp's rows are two slices 64 rows apart, which see keys on both sides of a
+  // diagonal (contiguous 32-row slices there measured neutral: session 21's results); the HSTU d 256 tile
+  // spilled 384 bytes with the skip (sm_90a).
   static constexpr bool kWarpsSkipHiddenBlocks = !kHstu && kBlockM == 16 * kNWarps;
 
   using MmaAtom = std::conditional_t<
