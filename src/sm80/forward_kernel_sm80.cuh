@@ -264,11 +264,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   // thread tests its own rows' spans, the warp votes.
   auto warp_sees_block = [&](int n0) __attribute__((always_inline)) {
     Tensor tScS_rc = score_coords();  // (ROWS, COLS)
+    const int n1 = n0 + kBlockN;
     bool sees = false;
     CUTE_UNROLL
     for (int mi = 0; mi < size<0>(tScS_rc); ++mi) {
       const int4 s = smem_spans[get<0>(tScS_rc(mi, 0))];
-      const int n1 = n0 + kBlockN;
       sees |= max(s.x, n0) < min(s.y, n1) || max(s.z, n0) < min(s.w, n1);
     }
     return __any_sync(0xffffffffu, sees);
@@ -306,19 +306,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     // HSTU relative attention bias, read straight into the accumulator layout; in flight during Q K^T.
     Tensor rRab = make_tensor<float>(shape(acc_s_rc));  // (ROWS, COLS)
     if constexpr (kHstu && kFeature) {
-      if (!warp_skips) {
-        Tensor tScS_rc = score_coords();  // (ROWS, COLS)
+      Tensor tScS_rc = score_coords();  // (ROWS, COLS)
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(rRab); ++mi) {
+        const int64_t i = m0 + get<0>(tScS_rc(mi, 0));
+        const int64_t r = i + (seq.sk - seq.sq);
+        const bool row_ok = i < seq.sq && r >= 0 && r < p.seqlen_k;
+        const Element* rab_row = rab_ptr + r * p.rab_row_stride;
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(rRab); ++mi) {
-          const int64_t i = m0 + get<0>(tScS_rc(mi, 0));
-          const int64_t r = i + (seq.sk - seq.sq);
-          const bool row_ok = i < seq.sq && r >= 0 && r < p.seqlen_k;
-          const Element* rab_row = rab_ptr + r * p.rab_row_stride;
-          CUTE_UNROLL
-          for (int ni = 0; ni < size<1>(rRab); ++ni) {
-            const int64_t j = n0 + get<1>(tScS_rc(0, ni));
-            rRab(mi, ni) = row_ok && (!kMasked || j < sk) ? float(rab_row[j]) : 0.0f;
-          }
+        for (int ni = 0; ni < size<1>(rRab); ++ni) {
+          const int64_t j = n0 + get<1>(tScS_rc(0, ni));
+          rRab(mi, ni) = row_ok && (!kMasked || j < sk) ? float(rab_row[j]) : 0.0f;
         }
       }
     }
