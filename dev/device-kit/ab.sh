@@ -43,6 +43,10 @@ G[fwd256]="--kind fa --backend sm80 --directions fwd --d 256 --no-causal --seqle
 G[fwd128c]="--kind fa --backend sm80 --directions fwd --d 128 --causal --seqlen 512,1024,4096 --peers cuteattn,sdpa-flash"
 G[fwd64c]="--kind fa --backend sm80 --directions fwd --d 64 --causal --seqlen 512,1024,4096 --peers cuteattn,sdpa-flash"
 G[fwd128]="--kind fa --backend sm80 --directions fwd --d 128 --no-causal --seqlen 512,4096 --peers cuteattn,sdpa-flash"
+G[bwd80d64]="--kind fa --backend sm80 --directions bwd --d 64 --no-causal --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
+G[bwd80d64c]="--kind fa --backend sm80 --directions bwd --d 64 --causal --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
+G[bwd80d128]="--kind fa --backend sm80 --directions bwd --d 128 --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
+G[bwd80d256]="--kind fa --backend sm80 --directions bwd --d 256 --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
 G[fwd64]="--kind fa --backend sm80 --directions fwd --d 64 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
 t0=$SECONDS
 for r in $(seq 1 $rounds); do
@@ -55,5 +59,5 @@ for r in $(seq 1 $rounds); do
     done
   done
 done
-python3 dev/device-kit/ab-summary.py $OUT | tee $OUT/ab-summary-$(date +%H%M).txt
-(cd $OUT && tar cJf ab-$(date +%H%M).tar.xz $(ls -d *-r*-* 2>/dev/null) && rm -rf $(ls -d *-r*-* 2>/dev/null))
+python3 dev/device-kit/ab-summary.py $OUT | tee $OUT/ab-summary-$(date +%H%M%S).txt
+(cd $OUT && tar cJf ab-$(date +%H%M%S).tar.xz $(ls -d *-r*-* 2>/dev/null) && rm -rf $(ls -d *-r*-* 2>/dev/null))

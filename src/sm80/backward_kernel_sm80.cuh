@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 
 #include "core/params.h"
 #include "cuda/hstu_pointwise.cuh"
@@ -139,7 +140,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     Tensor tScS = tiled_mma_sdp.get_thread_slice(loop_tid()).partition_C(cS);  // (MMA, MMA_M, MMA_N)
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                     // (ROW, COL)
   };
-  auto smem_tiled_copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, tiled_mma_sdp);
+  // P and dS into shared memory: by stmatrix where Traits::kStmatrixPdS and the device has it (sm_90).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using StoreAtomPdS = std::conditional_t<Traits::kStmatrixPdS, Copy_Atom<SM90_U32x4_STSM_N, Element>,
+                                          typename Traits::SmemCopyAtomPdS>;
+#else
+  using StoreAtomPdS = typename Traits::SmemCopyAtomPdS;
+#endif
+  auto smem_tiled_copy_pds = make_tiled_copy_C(StoreAtomPdS{}, tiled_mma_sdp);
   // A fragment in the S/dP accumulator layout to or from this thread's part of sP or sdS.
   auto store_pds = [&](auto const& frag, auto& sX) {
     auto thr = smem_tiled_copy_pds.get_thread_slice(loop_tid());
