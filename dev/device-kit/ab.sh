@@ -45,6 +45,7 @@ G[fwd64c]="--kind fa --backend sm80 --directions fwd --d 64 --causal --seqlen 51
 G[fwd128]="--kind fa --backend sm80 --directions fwd --d 128 --no-causal --seqlen 512,4096 --peers cuteattn,sdpa-flash"
 G[bwd80d64]="--kind fa --backend sm80 --directions bwd --d 64 --no-causal --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
 G[bwd80d64c]="--kind fa --backend sm80 --directions bwd --d 64 --causal --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
+G[bwd80d64x]="--kind fa --backend sm80 --directions bwd --d 64 --seqlen 512,16384 --peers cuteattn,sdpa-flash"
 G[bwd80d128]="--kind fa --backend sm80 --directions bwd --d 128 --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
 G[bwd80d256]="--kind fa --backend sm80 --directions bwd --d 256 --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
 G[fwd64]="--kind fa --backend sm80 --directions fwd --d 64 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"

@@ -140,13 +140,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     Tensor tScS = tiled_mma_sdp.get_thread_slice(loop_tid()).partition_C(cS);  // (MMA, MMA_M, MMA_N)
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                     // (ROW, COL)
   };
-  // P and dS into shared memory: by stmatrix where Traits::kStmatrixPdS and the device has it (sm_90).
+  // P and dS into shared memory: by stmatrix where Traits::kStmatrixPdS and the device has it (sm_90). P stays in
+  // registers across the dP GEMM (Traits::kPInRegisters) only there: with the 32-bit stores' addresses the sm_80
+  // build spilled (d 64: 64 bytes).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using StoreAtomPdS = std::conditional_t<Traits::kStmatrixPdS, Copy_Atom<SM90_U32x4_STSM_N, Element>,
                                           typename Traits::SmemCopyAtomPdS>;
+  constexpr bool kPInRegisters = Traits::kPInRegisters;
 #else
   using StoreAtomPdS = typename Traits::SmemCopyAtomPdS;
+  constexpr bool kPInRegisters = false;
 #endif
+  // Where P stays in registers, the S and dP GEMMs' addresses and the dQ reductions' are rebuilt at each use too:
+  // hoisted out of the loop they spilled (sm_90a, d 64: 44 bytes; the dQ offsets as separate 64-bit registers).
+  auto step_tid = []() { return thread_index<Traits::kRebuildAddresses || kPInRegisters>(); };
   auto smem_tiled_copy_pds = make_tiled_copy_C(StoreAtomPdS{}, tiled_mma_sdp);
   // A fragment in the S/dP accumulator layout to or from this thread's part of sP or sdS.
   auto store_pds = [&](auto const& frag, auto& sX) {
@@ -375,11 +382,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           // S = Q K^T
           Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
           clear(acc_s);
-          gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, sQ, sK, smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, loop_tid());
+          gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, sQ, sK, smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, step_tid());
+
+          // Softmax P in the MMA input type, stored to sP before the dP GEMM, or where kPInRegisters after it
+          // (dS then takes P from here).
+          Tensor rP_mma = make_tensor<typename Traits::ElementMma>(acc_s.layout());  // (MMA, MMA_M, MMA_N)
 
           // P goes to sP; HSTU also parks the dP-independent factor dprob(S_pre) in sdS. The thread that wrote them
           // reads them back to form dS, so no fp32 tile stays live across the dP GEMM next to dK/dV (P kept in
-          // registers instead measured 1-4% slower on an H100, d96 and d128).
+          // registers instead measured 1-4% slower on an H100, d96 and d128; softmax d <= 64 keeps it there on
+          // sm_90, kPInRegisters).
           // Masking is a separate pass that only partially visible tiles take.
           Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));  // (ROW, COL)
           if constexpr (kHstu) {
@@ -444,20 +456,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) row_lse2[mi] = lse_log2(lse_blk[get<0>(tScS_rc(mi, 0))]);
             }
+            // The softcap and the mask go first (the mask as -inf, so P = 0 there), each a pass that only its own
+            // calls take, and the exponentials after them: the exp pass, P's stores and the dP GEMM are then one
+            // branch-free stretch that ptxas interleaves (with the mask pass after the exponentials, the branch
+            // between them kept the 64 exponentials of a d 64 step in one burst that waited on the MIO queue).
             if (p.softcap > 0.0f) {
               CUTE_UNROLL
-              for (int mi = 0; mi < kRows; ++mi) {
-                CUTE_UNROLL
-                for (int ni = 0; ni < kCols; ++ni) {
-                  s_rc(mi, ni) = exp2f(softmax_score.apply(s_rc(mi, ni)) * kLog2e - row_lse2[mi]);
-                }
-              }
-            } else {
-              CUTE_UNROLL
-              for (int mi = 0; mi < kRows; ++mi) {
-                CUTE_UNROLL
-                for (int ni = 0; ni < kCols; ++ni) s_rc(mi, ni) = exp2f(fmaf(s_rc(mi, ni), scale_log2, -row_lse2[mi]));
-              }
+              for (int i = 0; i < size(acc_s); ++i) acc_s(i) = softmax_score.apply(acc_s(i)) * kLog2e;
             }
             if (!full_tile) {
               Tensor tScS_rc = score_coords();  // (ROW, COL)
@@ -467,22 +472,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
                 CUTE_UNROLL
                 for (int ni = 0; ni < kCols; ++ni) {
                   const int c = get<1>(tScS_rc(mi, ni));
-                  if (!((c >= sp.x && c < sp.y) || (c >= sp.z && c < sp.w))) s_rc(mi, ni) = 0.0f;
+                  if (!((c >= sp.x && c < sp.y) || (c >= sp.z && c < sp.w))) s_rc(mi, ni) = -INFINITY;
                 }
               }
             }
-            store_pds(convert_fragment<typename Traits::ElementMma>(acc_s), sP);
+            const float exp_scale = p.softcap > 0.0f ? 1.0f : scale_log2;  // softcapped scores are in log2 units
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) s_rc(mi, ni) = exp2f(fmaf(s_rc(mi, ni), exp_scale, -row_lse2[mi]));
+            }
+            rP_mma = convert_fragment<typename Traits::ElementMma>(acc_s);
+            if constexpr (!kPInRegisters) store_pds(rP_mma, sP);
           }
 
           // dP = dO V^T
           Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
           clear(acc_dp);
-          gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, sdO, sV, smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, loop_tid());
+          gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, sdO, sV, smem_tiled_copy_sdp_a, smem_tiled_copy_sdp_b, step_tid());
+          if constexpr (kPInRegisters) store_pds(rP_mma, sP);
 
           // dS, left in acc_dp. Softmax dS omits the factor `scale`, applied to dQ and dK at the end.
           Tensor rX = make_tensor<Element>(acc_dp.layout());  // (MMA, MMA_M, MMA_N): P, or HSTU's dprob(S_pre)
-          load_pds(kHstu ? sdS : sP, rX);
+          if constexpr (!kPInRegisters) load_pds(kHstu ? sdS : sP, rX);
           Tensor rX_rc = make_tensor(rX.data(), rowcol(rX.layout()));          // (ROW, COL)
+          Tensor rP_rc = make_tensor(rP_mma.data(), rowcol(rP_mma.layout()));  // (ROW, COL)
+          auto prob = [&](int mi, int ni) {  // softmax P
+            if constexpr (kPInRegisters) {
+              return static_cast<float>(rP_rc(mi, ni));
+            } else {
+              return static_cast<float>(rX_rc(mi, ni));
+            }
+          };
           Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));  // (ROW, COL)
           Tensor tScS_rc = score_coords();                                      // (ROW, COL)
           if constexpr (kHstu) {
@@ -497,9 +518,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
               const float dsum = dsum_blk[row];
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
-                const float prob = static_cast<float>(rX_rc(mi, ni));
-                const float t = (log2f(prob) + lse2) / (kLog2e * p.softcap);
-                dp_rc(mi, ni) = prob > 0.0f ? prob * (dp_rc(mi, ni) - dsum) * (1.0f - t * t) : 0.0f;
+                const float pr = prob(mi, ni);
+                const float t = (log2f(pr) + lse2) / (kLog2e * p.softcap);
+                dp_rc(mi, ni) = pr > 0.0f ? pr * (dp_rc(mi, ni) - dsum) * (1.0f - t * t) : 0.0f;
               }
             }
           } else {
@@ -507,7 +528,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             for (int mi = 0; mi < kRows; ++mi) {
               const float dsum = dsum_blk[get<0>(tScS_rc(mi, 0))];
               CUTE_UNROLL
-              for (int ni = 0; ni < kCols; ++ni) dp_rc(mi, ni) = static_cast<float>(rX_rc(mi, ni)) * (dp_rc(mi, ni) - dsum);
+              for (int ni = 0; ni < kCols; ++ni) dp_rc(mi, ni) = prob(mi, ni) * (dp_rc(mi, ni) - dsum);
             }
           }
           if constexpr (kHstu) {
@@ -589,7 +610,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             }
           };
           if constexpr (!Traits::kDkAfterDq) gemm_dk(NoHook{});
-          float* dq_thr = head->dq + m * dq_block_stride + loop_tid() * kDqRedVec;
+          float* dq_thr = head->dq + m * dq_block_stride + step_tid() * kDqRedVec;
           // Reductions of the element groups [g_begin, g_end) of chunk `chunk`. The loop runs over all groups and
           // tests the range, so every fragment index is a constant (looping over [g_begin, g_end) put acc_dq in
           // local memory on sm_80). A visited block never starts past sq: that test is there as a branch, which

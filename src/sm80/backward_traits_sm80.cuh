@@ -188,6 +188,13 @@ struct BwdTraits {
   // apart from FA2's at d 64 (ncu, H100: 1.17 vs 0.29 cycles per issued instruction). H100 bf16, same process,
   // against the 32-bit stores: d 64 s 1k / 4k +1% / +3%, causal +1% / +2%; d 128 neutral, d 256 -3% (not taken).
   static constexpr bool kStmatrixPdS = !kHstu && !kFp32 && kHeadDim <= 64;
+  // Softmax d <= 64 on sm_90 (the kernel's kPInRegisters): P stays in registers (16-bit) across the dP GEMM and
+  // goes to shared memory after it, as in FA2: the GEMM's ldmatrix loads and MMAs then interleave with the
+  // exponentials (stored first, the loads waited for the stores, and the 64 exponentials of a step queued as one
+  // burst: ncu, s 4k, MIO-throttle stall samples 91 K against FA2's 26 K), and dS takes P from the registers
+  // instead of reading the tile back. H100 bf16 d 64, against P through shared memory, same process: s 512 / 1k /
+  // 4k / 16k +2.6% / +4% / +4.6% / +5.3%, causal s 1k / 4k +3.2% / +3.5%.
+  static constexpr bool kPInRegisters = !kHstu && !kFp32 && kHeadDim <= 64;
   // P (or HSTU's dprob) back from shared memory into the dP accumulator layout: 16-bit tiles by ldmatrix, four
   // 8 x 8 matrices per instruction (element-wise 16/32-bit loads kept the shared-memory pipe 3x as busy as FA2's
   // on an H100, ncu: 27M LDS next to 75M LDSM at d64 s2k); fp32 element-wise.
