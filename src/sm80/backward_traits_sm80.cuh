@@ -192,8 +192,10 @@ struct BwdTraits {
   // goes to shared memory after it, as in FA2: the GEMM's ldmatrix loads and MMAs then interleave with the
   // exponentials (stored first, the loads waited for the stores, and the 64 exponentials of a step queued as one
   // burst: ncu, s 4k, MIO-throttle stall samples 91 K against FA2's 26 K), and dS takes P from the registers
-  // instead of reading the tile back. H100 bf16 d 64, against P through shared memory, same process: s 512 / 1k /
-  // 4k / 16k +2.6% / +4% / +4.6% / +5.3%, causal s 1k / 4k +3.2% / +3.5%.
+  // instead of reading the tile back. H100 bf16 d 64, against P through shared memory, same process (two calls):
+  // s 512 / 1k / 4k / 16k +2.4-2.6% / +3.4-4.0% / +4.7-5.4% / +5.4-5.7%, causal s 1k / 4k +2.5-2.9% / +3.6-5.1%.
+  // With its hoisted addresses (the kernel's step_tid) it was 2-3% faster still, but spilled 44 bytes. At d 128
+  // (32-bit stores, no spills) it measured -1% to +1%.
   static constexpr bool kPInRegisters = !kHstu && !kFp32 && kHeadDim <= 64;
   // P (or HSTU's dprob) back from shared memory into the dP accumulator layout: 16-bit tiles by ldmatrix, four
   // 8 x 8 matrices per instruction (element-wise 16/32-bit loads kept the shared-memory pipe 3x as busy as FA2's
