@@ -127,16 +127,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   __shared__ int4 smem_spans[kBlockM];
   __shared__ int smem_full[2];
   // K and V of this (batch entry, kv head): the softmax kernels that rebuild the copies' addresses in every step
-  // (Traits::kRebuildGmemAddresses) read them back at each copy. Kept in registers across the key loop, d 128
-  // spilled 24 bytes (sm_90a; 8 remain, in the softcap loop); the HSTU d 256 kernel spills 4 with them in shared
-  // memory.
+  // (Traits::kRebuildGmemAddresses) read them back from shared memory at each copy. Kept in registers across the
+  // key loop, d 128 spilled 24 bytes (sm_90a; 8 remain, in the softcap loop); the HSTU d 256 kernel spills 4 with
+  // them in shared memory.
+  const Element* k_ptr = static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, 0, head_k);
+  const Element* v_ptr = static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, 0, head_k);
   constexpr bool kKvBasesInSmem = Traits::kRebuildGmemAddresses && !kHstu;
   __shared__ const Element* smem_kv_base[2];
   if (tid == 0) {
     smem_full[0] = 0;
     smem_full[1] = INT_MAX;
-    smem_kv_base[0] = static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, 0, head_k);
-    smem_kv_base[1] = static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, 0, head_k);
+    smem_kv_base[0] = k_ptr;
+    smem_kv_base[1] = v_ptr;
   }
   __syncthreads();
   for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
@@ -154,10 +156,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   const int full_end = smem_full[1] / kBlockN;
 
   const Element* q_ptr = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, m0, head);
-  const Element* k_ptr_reg = static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, 0, head_k);
-  const Element* v_ptr_reg = static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, 0, head_k);
-  auto k_base = [&]() { return kKvBasesInSmem ? smem_kv_base[0] : k_ptr_reg; };
-  auto v_base = [&]() { return kKvBasesInSmem ? smem_kv_base[1] : v_ptr_reg; };
+  auto k_base = [&]() { return kKvBasesInSmem ? smem_kv_base[0] : k_ptr; };
+  auto v_base = [&]() { return kKvBasesInSmem ? smem_kv_base[1] : v_ptr; };
   const int64_t k_row_stride = p.k.row_stride;
   const int64_t v_row_stride = p.v.row_stride;
 
