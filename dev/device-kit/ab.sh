@@ -12,6 +12,7 @@ G[bwd64s]="--kind fa --backend sm90 --directions bwd --d 64 --seqlen 512,2048 --
 G[bwd128c]="--kind fa --backend sm90 --directions bwd --d 128 --causal --seqlen 1024,4096,16384 --peers cuteattn,sdpa-cudnn"
 G[bwd256]="--kind fa --backend sm90 --directions bwd --d 256 --seqlen 1024,4096 --peers cuteattn,sdpa-cudnn"
 G[hstu]="--kind hstu --dense --d 128 --backend sm90 --directions fwd,bwd --seqlen 2048,4096,16384 --peers cuteattn"
+G[hstubd]="--kind hstu --dense --d 128 --backend sm90 --directions bwd --seqlen 2048,4096,16384 --peers cuteattn"
 G[hstuj]="--kind hstu --d 128 --backend sm90 --directions fwd,bwd --seqlen 1024,2048,4096 --peers cuteattn"
 G[sfwd256]="--kind fa --backend sm90 --directions fwd --d 256 --no-causal --seqlen 512,1024,2048 --peers cuteattn,sdpa-cudnn"
 G[sfwd256c]="--kind fa --backend sm90 --directions fwd --d 256 --causal --seqlen 512,1024,2048 --peers cuteattn,sdpa-cudnn"
