@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   constexpr bool kPInRegisters = false;
 #endif
   // Where P stays in registers, the S and dP GEMMs' addresses and the dQ reductions' are rebuilt at each use too:
-  // hoisted out of the loop they spilled (sm_90a, d 64: 44 bytes; the dQ offsets as separate 64-bit registers).
+  // hoisted out of the loop they spilled (sm_90a, d 64: 44 bytes; the dQ offsets as separate 64-bit registers), and
+  // so did hoisting any one or two of the three groups (24-60 bytes).
   auto step_tid = []() { return thread_index<Traits::kRebuildAddresses || kPInRegisters>(); };
   auto smem_tiled_copy_pds = make_tiled_copy_C(StoreAtomPdS{}, tiled_mma_sdp);
   // A fragment in the S/dP accumulator layout to or from this thread's part of sP or sdS.
