@@ -129,7 +129,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
   // K and V of this (batch entry, kv head): the softmax kernels that rebuild the copies' addresses in every step
   // (Traits::kRebuildGmemAddresses) read them back from shared memory at each copy. Kept in registers across the
   // key loop, d 128 spilled 24 bytes (sm_90a; 8 remain, in the softcap loop); the HSTU d 256 kernel spills 4 with
-  // them in shared memory.
+  // them in shared memory. The 8 are the copy thread's 64-bit row index, which ptxas derives once and keeps across
+  // that loop (opaque_int does not hide it from ptxas): neither the softcap scale as a kernel parameter nor a
+  // compile-time log2(e) there removed it, and the copies' thread index read from %tid.x removed it at sm_80 but
+  // spilled 16 bytes at sm_90a (session 27, ptxas only).
   const Element* k_ptr = static_cast<const Element*>(p.k.ptr) + seq.k_offset(p.k, bi, 0, head_k);
   const Element* v_ptr = static_cast<const Element*>(p.v.ptr) + seq.k_offset(p.v, bi, 0, head_k);
   constexpr bool kKvBasesInSmem = Traits::kRebuildGmemAddresses && !kHstu;
