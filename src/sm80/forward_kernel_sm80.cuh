@@ -144,19 +144,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     smem_kv_base[1] = v_ptr;
   }
   __syncthreads();
-  for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
-    Range a, b;
-    detail::visible_spans(mask, m0 + r, &a, &b);
-    smem_spans[r] = make_int4(int(a.begin), int(a.end), int(b.begin), int(b.end));
-    if (r < rows_q) {
-      atomicMax(&smem_full[0], int(a.begin));
-      atomicMin(&smem_full[1], int(a.end));
+  // Fills the spans and bounds above: here, or while Q and the first K block are in flight where the tile runs
+  // alone on its SM (Traits::kSpansUnderLoads).
+  auto compute_spans = [&]() __attribute__((always_inline)) {
+    for (int r = tid; r < kBlockM; r += Traits::kNThreads) {
+      Range a, b;
+      detail::visible_spans(mask, m0 + r, &a, &b);
+      smem_spans[r] = make_int4(int(a.begin), int(a.end), int(b.begin), int(b.end));
+      if (r < rows_q) {
+        atomicMax(&smem_full[0], int(a.begin));
+        atomicMin(&smem_full[1], int(a.end));
+      }
     }
-  }
-  __syncthreads();
-  // Key blocks [full_begin, full_end) lie wholly inside [full_lo, full_hi).
-  const int full_begin = (smem_full[0] + kBlockN - 1) / kBlockN;
-  const int full_end = smem_full[1] / kBlockN;
+    __syncthreads();
+  };
+  if constexpr (!Traits::kSpansUnderLoads) compute_spans();
 
   const Element* q_ptr = static_cast<const Element*>(p.q.ptr) + seq.q_offset(p.q, bi, m0, head);
   auto k_base = [&]() { return kKvBasesInSmem ? smem_kv_base[0] : k_ptr; };
@@ -272,6 +274,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel_sm80(cons
     copy_tile_predicated<true>(gmem_tiled_copy, tKgK, tKsK, tKVcKV, tQKp, int(sk - int64_t(n_block_max - 1) * kBlockN));
   }
   cp_async_fence();
+  if constexpr (Traits::kSpansUnderLoads) compute_spans();
+  // Key blocks [full_begin, full_end) lie wholly inside [full_lo, full_hi).
+  const int full_begin = (smem_full[0] + kBlockN - 1) / kBlockN;
+  const int full_end = smem_full[1] / kBlockN;
 
   // Whether a row of this thread's warp sees a key of the block from key n0 (Traits::kWarpsSkipHiddenBlocks): each
   // thread tests its own rows' spans, the warp votes.
