@@ -84,7 +84,7 @@ struct ForwardTraits {
   static constexpr bool kWarpsSkipHiddenBlocks = !kHstu && kBlockM == 16 * kNWarps;
   // 8 warps of up to 255 registers fill the register file, so their tile runs alone on its SM and no second tile
   // hides its prologue: it computes the mask spans while Q and the first K block load. H200 bf16, same run: d 256
-  // s 512-2k 0.8-1.8% faster; in the 4-warp tiles too, d 64 ran 1.5-2% slower at s 2k-4k (their second tile hides it).
+  // s 512-2k 0.8-1.6% faster; with the same order in the 4-warp tiles, d 64 ran 1.5-1.8% slower at s 2k-4k.
   static constexpr bool kSpansUnderLoads = kNWarps == 8;
 
   using MmaAtom = std::conditional_t<
