@@ -51,6 +51,10 @@ G[bwd80d128]="--kind fa --backend sm80 --directions bwd --d 128 --seqlen 1024,40
 G[bwd80d128c]="--kind fa --backend sm80 --directions bwd --d 128 --causal --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
 G[bwd80d128x]="--kind fa --backend sm80 --directions bwd --d 128 --seqlen 512,16384 --peers cuteattn,sdpa-flash"
 G[bwd80d256]="--kind fa --backend sm80 --directions bwd --d 256 --seqlen 1024,4096 --peers cuteattn,sdpa-flash"
+G[fwd192]="--kind fa --backend sm80 --directions fwd --d 192 --seqlen 512,2048 --peers cuteattn,sdpa-flash"
+G[fwd256l]="--kind fa --backend sm80 --directions fwd --d 256 --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
+G[fwd192c]="--kind fa --backend sm80 --directions fwd --d 192 --causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
+G[fwd256lc]="--kind fa --backend sm80 --directions fwd --d 256 --causal --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
 G[fwd64]="--kind fa --backend sm80 --directions fwd --d 64 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
 t0=$SECONDS
 for r in $(seq 1 $rounds); do

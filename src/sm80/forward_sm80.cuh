@@ -38,6 +38,16 @@ struct Sm80Forward {
   static constexpr bool kHstu = kScore == ScoreFunction::kHstuSilu;
   static_assert(!(kHstu && kDType == DType::kFloat32), "HSTU runs in fp16/bf16 only");
   using Traits = sm80::ForwardTraits<typename Sm80Element<kDType>::type, kHeadDim, kHstu>;
+  // The 16-bit softmax d 256 bucket has a second tile for short masked rows (kernel_traits_fwd_sm80.cuh); it needs
+  // less shared memory than Traits, so supports() checks Traits.
+  static constexpr bool kHasShortRowsTile = !kHstu && kDType != DType::kFloat32 && kHeadDim == 256;
+  using ShortRowsTraits = sm80::ForwardTraits<typename Sm80Element<kDType>::type, kHeadDim, kHstu, kHasShortRowsTile>;
+  // Masked on the right (causal or a window) with at most this many keys per sequence: the 64-row tile's
+  // diagonal blocks mask half the rows of the 128-row tile's, and two of its tiles share an SM.
+  static constexpr int64_t kShortRowsMaxSeqlenK = 1024;
+  static bool short_masked_rows(const Params& p) {
+    return kHasShortRowsTile && p.window_right >= 0 && p.seqlen_k <= kShortRowsMaxSeqlenK;
+  }
 
   static Status supports(const Params& p) {
     if (p.score != kScore || p.dtype != kDType) return Status::NotSupported("sm80 forward: score/dtype mismatch");
@@ -71,14 +81,22 @@ struct Sm80Forward {
   static size_t workspace_bytes(const Params&) { return 0; }
 
   static Status launch(const Params& p, void*) {
-    const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    if (m_blocks == 0 || p.batch == 0 || p.heads == 0) return Status::Ok();
-    auto kernel = &sm80::forward_kernel_sm80<Traits>;
-    constexpr int kSmem = Traits::kSmemBytes;
-    cudaError_t err = opt_in_shared_memory<Traits>(kernel, kSmem, p.device_index);
+    if (p.seqlen_q == 0 || p.batch == 0 || p.heads == 0) return Status::Ok();
+    if constexpr (kHasShortRowsTile) {
+      if (short_masked_rows(p)) return launch_with<ShortRowsTraits>(p);
+    }
+    return launch_with<Traits>(p);
+  }
+
+  template <class T>
+  static Status launch_with(const Params& p) {
+    const int64_t m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    auto kernel = &sm80::forward_kernel_sm80<T>;
+    constexpr int kSmem = T::kSmemBytes;
+    cudaError_t err = opt_in_shared_memory<T>(kernel, kSmem, p.device_index);
     if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 forward: ") + cudaGetErrorString(err)};
     const dim3 grid(unsigned(m_blocks), unsigned(p.batch), unsigned(p.heads));
-    kernel<<<grid, Traits::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
+    kernel<<<grid, T::kNThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("sm80 forward: ") + cudaGetErrorString(err)};
     return Status::Ok();

@@ -28,26 +28,32 @@ struct FwdTileConfig {
 //    + 32..128 output registers per thread. 128 x 128 with 4 warps spills at d = 64 next to the fragments
 //    of two k-slices; at d = 64, 128 x 128 with 8 warps and 64 x 128 with 4 warps fit but measured 12-17%
 //    slower on an H100 (bf16, s 1k-16k, same run).
-//  - softmax, d = 192, 256: 128 x 64 with 8 warps: 4 warps would need 192..256 output registers per
-//    thread; 8 warps keep 16 rows each, and 128 KiB of shared memory (Q 64K, K 32K, V 32K at d = 256)
-//    fits sm80's 163 KiB and sm90's 227 KiB per block. 64 x 64 with 4 warps (two blocks per SM) measured
-//    2-14% slower at d = 256 on an H100.
+//  - softmax, d = 192: 64 x 64 with 4 warps of 16 rows (FlashAttention-2's tile there), two tiles per SM that
+//    hide each other's prologue and epilogue: H200 bf16, same run, against 128 x 64 with 8 warps (one tile per
+//    SM), s 512 / 2k +7 / +3%, causal +11 / +7%.
+//  - softmax, d = 256: 128 x 64 with 8 warps of 16 rows; 128 KiB of shared memory (Q 64K, K 32K, V 32K) fits
+//    sm80's 163 KiB and sm90's 227 KiB per block. Short masked rows (Sm80Forward::short_masked_rows) take
+//    64 x 64 with 4 warps (96 KiB, two tiles per SM), whose diagonal blocks mask half the rows: H200 bf16, same
+//    run, causal s 512 / 1k +5 / +3%, s 2k and non-causal s 512 even; non-causal s 2k-16k and causal s 4k-16k
+//    2-8% slower, where the address rebuilds its registers need cost more than the second tile gains.
 //  - HSTU: the rab tile is a third (ROWS x COLS) register array next to S and O, so the query block is
 //    halved: 64 x 64, 4 warps (and 8 warps from d = 192 on, for the output registers).
 //  - fp32 (tf32 MMAs): shared memory doubles, so the tiles shrink: 64 x 64 for d <= 128 (75 KB at d = 96,
 //    so sm86/89's 99 KB fit up to there; 99 KB + the static mask spans at d = 128), 64 x 32 for d = 192, 256
 //    (96 / 128 KB, sm80's 163 KB), 4 warps (at most 128 O + 16 S registers per thread). 128 x 64 spilled at
 //    d = 64: the k8 slices of the tf32 MMAs double the operand loads in flight.
-constexpr FwdTileConfig fwd_tile_config(int head_dim, bool hstu, bool fp32) {
+constexpr FwdTileConfig fwd_tile_config(int head_dim, bool hstu, bool fp32, bool short_rows) {
   if (fp32) return head_dim <= 128 ? FwdTileConfig{64, 64, 4} : FwdTileConfig{64, 32, 4};
   if (hstu) return head_dim <= 128 ? FwdTileConfig{64, 64, 4} : FwdTileConfig{128, 64, 8};
   if (head_dim <= 128) return {128, 64, 4};
+  if (head_dim == 192 || short_rows) return {64, 64, 4};
   return {128, 64, 8};
 }
 
 // Element: the dtype of q, k, v and out in global memory (half, bfloat16 or float); ElementMma: what the MMAs
 // read (tfloat32 for float inputs: tiles are rounded to tf32 in shared memory, P when it is formed).
-template <class Element_, int kHeadDim_, bool kHstu_>
+// kShortRows: the 64 x 64 tile of the 16-bit softmax d 256 bucket for short masked rows.
+template <class Element_, int kHeadDim_, bool kHstu_, bool kShortRows_ = false>
 struct ForwardTraits {
   using Element = Element_;
   using ElementAccum = float;
@@ -56,7 +62,9 @@ struct ForwardTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kHstu = kHstu_;
   static_assert(!(kFp32 && kHstu), "HSTU runs in fp16/bf16 only");
-  static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim, kHstu, kFp32);
+  static constexpr bool kShortRows = kShortRows_;
+  static_assert(!kShortRows || (!kHstu && !kFp32 && kHeadDim == 256), "short rows: 16-bit softmax d 256 only");
+  static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim, kHstu, kFp32, kShortRows);
   // Register-lean key loop, in three independent parts: the thread-dependent global addresses of the K/V
   // copies (kRebuildGmemAddresses) and the shared addresses of the ldmatrix operands and score coordinates
   // (kRebuildSmemAddresses) are rebuilt in every key step from an opaque thread index instead of being hoisted
@@ -65,9 +73,10 @@ struct ForwardTraits {
   // step, so each is on only where the registers need it: softmax 16-bit d <= 64 needs none of them (0 spills;
   // d = 64 runs 6-13% faster than with all three on an H100), d = 256 only the shared addresses (hoisted
   // global addresses and register row sums: 8-11% faster; hoisting the shared addresses as well spills at
-  // sm_80 and sm_90a).
+  // sm_80 and sm_90a), and its short-rows tile the global addresses as well (each of 128 threads copies 16
+  // chunks of a 64 x 256 K or V block; hoisted, they spill 12 bytes at sm_90a).
   static constexpr bool kLeanDefault = kHstu || kFp32 || (kHeadDim > 64 && kHeadDim < 256);
-  static constexpr bool kRebuildGmemAddresses = kLeanDefault;
+  static constexpr bool kRebuildGmemAddresses = kLeanDefault || kShortRows;
   static constexpr bool kRebuildSmemAddresses = kLeanDefault || kHeadDim == 256;
   static constexpr bool kRowSumsInSmem = kLeanDefault;
   static constexpr int kBlockM = kConfig.block_m;
@@ -76,11 +85,11 @@ struct ForwardTraits {
   static constexpr int kNThreads = kNWarps * 32;
   static_assert(kHeadDim % 32 == 0, "head-dim buckets are multiples of 32");
   static_assert(kBlockM == 16 * kNWarps || kBlockM == 32 * kNWarps, "each warp owns 16 or 32 rows");
-  // Softmax tiles where each warp owns one contiguous slice of 16 rows (8 warps): a warp whose rows see no key of
-  // a masked block leaves it (forward_kernel_sm80's step), e.g. warps 0-3 leave the upper of a causal diagonal's
-  // two blocks. In the 4-warp tiles a warp's rows are two slices 64 rows apart, which see keys on both sides of a
-  // diagonal (contiguous 32-row slices there measured neutral: session 21's results); the HSTU d 256 tile
-  // spilled 384 bytes with the skip (sm_90a).
+  // Softmax tiles where each warp owns one contiguous slice of 16 rows (8 warps of 128 rows, 4 warps of 64): a
+  // warp whose rows see no key of a masked block leaves it (forward_kernel_sm80's step), e.g. warps 0-3 leave the
+  // upper of a causal diagonal's two blocks. In the 4-warp tiles of 128 rows a warp's rows are two slices 64 rows
+  // apart, which see keys on both sides of a diagonal (contiguous 32-row slices there measured neutral: session
+  // 21's results); the HSTU d 256 tile spilled 384 bytes with the skip (sm_90a).
   static constexpr bool kWarpsSkipHiddenBlocks = !kHstu && kBlockM == 16 * kNWarps;
   // 8 warps of up to 255 registers fill the register file, so their tile runs alone on its SM and no second tile
   // hides its prologue: it computes the mask spans while Q and the first K block load. H200 bf16, same run: d 256

@@ -4,6 +4,7 @@
 // sequences), odd lengths, GQA/MQA, causal, window, softcap, every head-dim bucket, head dims below their
 // bucket, d != d_v, and every HSTU mask (causal, window, contextual, targets with group sizes) with and
 // without rab.
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -106,7 +107,8 @@ TEST(Sm80Forward, SoftmaxOffsetsBeyond2To31) {
   check_forward_on_device(cfg, Backend::kSm80, /*batch_stride=*/(int64_t{1} << 31) + 1024);
 }
 
-// The 8-warp tiles of the 256 bucket, softmax and HSTU.
+// The tiles of the 256 bucket: 128 x 64 with 8 warps (softmax unmasked or with more than 1024 keys, HSTU) and
+// 64 x 64 with 4 warps (softmax masked on the right with at most 1024 keys: Sm80Forward::short_masked_rows).
 TEST(Sm80Forward, HeadDim256) {
   for (bool causal : {false, true}) {
     CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 2, 1, 256, 200, 333);
@@ -124,8 +126,9 @@ TEST(Sm80Forward, HeadDim256) {
   check_forward(hstu);
 }
 
-// The 8-warp softmax tiles (d 192, 256), whose warps leave a masked block none of their 16 rows sees (the upper
-// part of a causal diagonal, blocks past either edge of a window), and the same with softcap.
+// The softmax tiles of 16-row warp slices (d 192, 256), whose warps leave a masked block none of their 16 rows
+// sees (the upper part of a causal diagonal, blocks past either edge of a window), and the same with softcap. At
+// d 256 the masked cases up to 1024 keys run the 64-row tile, and those past 1024 keys the 128-row one.
 TEST(Sm80Forward, WarpsSkipHiddenBlocks) {
   for (int64_t d : {192, 256}) {
     for (const CaseConfig& cfg : key_block_edge_cases(d)) check_forward(cfg);
@@ -136,6 +139,15 @@ TEST(Sm80Forward, WarpsSkipHiddenBlocks) {
     softcap.causal = true;
     check_forward(softcap);
   }
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1100, 1100}, {161, 1201}}) {
+    CaseConfig causal = softmax_fixed(DType::kBFloat16, 1, 2, 1, 256, sq, sk);
+    causal.causal = true;
+    check_forward(causal);
+  }
+  CaseConfig window = softmax_fixed(DType::kFloat16, 1, 2, 2, 256, 1300, 1300);
+  window.window_left = 300;
+  window.window_right = 61;
+  check_forward(window);
 }
 
 // The buckets the tests above do not reach (32, 96, 192, 256).

@@ -32,8 +32,14 @@ CaseConfig small_hstu(int64_t head_dim) {
 
 TEST(Sanitize, Sm80ForwardSoftmax) { check_forward_on_device(small_softmax(64), Backend::kSm80); }
 
-// The 8-warp tile, whose warps leave the masked blocks their rows do not see (Sm80Forward.WarpsSkipHiddenBlocks).
-TEST(Sanitize, Sm80ForwardSoftmaxEightWarps) { check_forward_on_device(small_softmax(256), Backend::kSm80); }
+// Both tiles of the d 256 bucket, whose warps leave the masked blocks their rows do not see
+// (Sm80Forward.WarpsSkipHiddenBlocks): 64 x 64 up to 1024 keys, 128 x 64 with 8 warps past them.
+TEST(Sanitize, Sm80ForwardSoftmaxD256) {
+  check_forward_on_device(small_softmax(256), Backend::kSm80);
+  CaseConfig long_keys = softmax_varlen(DType::kBFloat16, {0, 37, 70}, {5, 37, 1030}, 2, 1, 256);
+  long_keys.causal = true;
+  check_forward_on_device(long_keys, Backend::kSm80);
+}
 
 TEST(Sanitize, Sm80ForwardHstu) { check_forward_on_device(small_hstu(64), Backend::kSm80); }
 
