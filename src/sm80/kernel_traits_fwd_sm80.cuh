@@ -31,7 +31,7 @@ struct FwdTileConfig {
 //  - softmax, d = 192: 64 x 64 with 4 warps of 16 rows (FlashAttention-2's tile there), two tiles per SM that
 //    hide each other's prologue and epilogue: H200 bf16, same run, against 128 x 64 with 8 warps (one tile per
 //    SM; both with the three lean flags below), s 512 / 2k +7 / +3%, causal +11 / +7%; without the lean flags
-//    (255 registers, no spill) a further 6-8%.
+//    (255 registers, no spill) a further 6-7%.
 //  - softmax, d = 256: 128 x 64 with 8 warps of 16 rows; 128 KiB of shared memory (Q 64K, K 32K, V 32K) fits
 //    sm80's 163 KiB and sm90's 227 KiB per block. Short masked rows (Sm80Forward::short_masked_rows) take
 //    64 x 64 with 4 warps (96 KiB, two tiles per SM), whose diagonal blocks mask half the rows: H200 bf16, same
@@ -72,7 +72,7 @@ struct ForwardTraits {
   // out of the loop, and the softmax partial row sums live in shared memory (kRowSumsInSmem). They keep
   // softmax d = 128 (and the HSTU and tf32 tiles) from spilling, but cost issue slots and latency in every
   // step, so each is on only where the registers need it: softmax 16-bit d <= 64 and d = 192 (64-row tile)
-  // need none of them (0 spills; d = 64 runs 6-13% faster than with all three on an H100, d = 192 6-8% on an
+  // need none of them (0 spills; d = 64 runs 6-13% faster than with all three on an H100, d = 192 6-7% on an
   // H200), d = 256 only the shared addresses (hoisted global addresses and register row sums: 8-11% faster;
   // hoisting the shared addresses as well spills at sm_80 and sm_90a), and its short-rows tile the global
   // addresses as well (each of 128 threads copies 16 chunks of a 64 x 256 K or V block; hoisted, they spill 12

@@ -107,8 +107,8 @@ TEST(Sm80Forward, SoftmaxOffsetsBeyond2To31) {
   check_forward_on_device(cfg, Backend::kSm80, /*batch_stride=*/(int64_t{1} << 31) + 1024);
 }
 
-// The tiles of the 256 bucket: 128 x 64 with 8 warps (softmax unmasked or with more than 1024 keys, HSTU) and
-// 64 x 64 with 4 warps (softmax masked on the right with at most 1024 keys: Sm80Forward::short_masked_rows).
+// The tiles of the 256 bucket: 128 x 64 with 8 warps (softmax not masked on the right or with more than 1024 keys,
+// HSTU) and 64 x 64 with 4 warps (softmax masked on the right with at most 1024 keys: Sm80Forward::short_masked_rows).
 TEST(Sm80Forward, HeadDim256) {
   for (bool causal : {false, true}) {
     CaseConfig cfg = softmax_fixed(DType::kBFloat16, 2, 2, 1, 256, 200, 333);
