@@ -55,6 +55,8 @@ G[fwd192]="--kind fa --backend sm80 --directions fwd --d 192 --seqlen 512,2048 -
 G[fwd256l]="--kind fa --backend sm80 --directions fwd --d 256 --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
 G[fwd192c]="--kind fa --backend sm80 --directions fwd --d 192 --causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
 G[fwd256lc]="--kind fa --backend sm80 --directions fwd --d 256 --causal --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
+G[fwd64l]="--kind fa --backend sm80 --directions fwd --d 64 --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
+G[fwd64lc]="--kind fa --backend sm80 --directions fwd --d 64 --causal --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
 G[fwd64]="--kind fa --backend sm80 --directions fwd --d 64 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
 t0=$SECONDS
 for r in $(seq 1 $rounds); do
