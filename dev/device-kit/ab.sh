@@ -57,6 +57,8 @@ G[fwd192c]="--kind fa --backend sm80 --directions fwd --d 192 --causal --seqlen 
 G[fwd256lc]="--kind fa --backend sm80 --directions fwd --d 256 --causal --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
 G[fwd64l]="--kind fa --backend sm80 --directions fwd --d 64 --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
 G[fwd64lc]="--kind fa --backend sm80 --directions fwd --d 64 --causal --seqlen 4096,16384 --peers cuteattn,sdpa-flash"
+G[fwd128l]="--kind fa --backend sm80 --directions fwd --d 128 --seqlen 8192,16384 --peers cuteattn,sdpa-flash"
+G[fwd128lc]="--kind fa --backend sm80 --directions fwd --d 128 --causal --seqlen 8192,16384 --peers cuteattn,sdpa-flash"
 G[fwd64]="--kind fa --backend sm80 --directions fwd --d 64 --no-causal --seqlen 512,2048 --peers cuteattn,sdpa-flash"
 t0=$SECONDS
 for r in $(seq 1 $rounds); do
