@@ -40,7 +40,7 @@ struct Sm80Forward {
   using Traits = sm80::ForwardTraits<typename Sm80Element<kDType>::type, kHeadDim, kHstu>;
   // The 16-bit softmax d 256 bucket has a second tile for short masked rows (kernel_traits_fwd_sm80.cuh); it needs
   // less shared memory than Traits, so supports() checks Traits.
-  static constexpr bool kHasShortRowsTile = !kHstu && kDType != DType::kFloat32 && kHeadDim == 256;
+  static constexpr bool kHasShortRowsTile = sm80::has_short_rows_tile(kHeadDim, kHstu, kDType == DType::kFloat32);
   using ShortRowsTraits = sm80::ForwardTraits<typename Sm80Element<kDType>::type, kHeadDim, kHstu, kHasShortRowsTile>;
   // Masked on the right (causal or a window) with at most this many keys per sequence: the 64-row tile's
   // diagonal blocks mask half the rows of the 128-row tile's, and two of its tiles share an SM.
@@ -82,10 +82,7 @@ struct Sm80Forward {
 
   static Status launch(const Params& p, void*) {
     if (p.seqlen_q == 0 || p.batch == 0 || p.heads == 0) return Status::Ok();
-    if constexpr (kHasShortRowsTile) {
-      if (short_masked_rows(p)) return launch_with<ShortRowsTraits>(p);
-    }
-    return launch_with<Traits>(p);
+    return short_masked_rows(p) ? launch_with<ShortRowsTraits>(p) : launch_with<Traits>(p);
   }
 
   template <class T>

@@ -51,6 +51,9 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim, bool hstu, bool fp32, bool
   return {128, 64, 8};
 }
 
+// The buckets with a second tile for short masked rows (Sm80Forward::short_masked_rows): 16-bit softmax d 256.
+constexpr bool has_short_rows_tile(int head_dim, bool hstu, bool fp32) { return !hstu && !fp32 && head_dim == 256; }
+
 // Element: the dtype of q, k, v and out in global memory (half, bfloat16 or float); ElementMma: what the MMAs
 // read (tfloat32 for float inputs: tiles are rounded to tf32 in shared memory, P when it is formed).
 // kShortRows: the 64 x 64 tile of the 16-bit softmax d 256 bucket for short masked rows.
@@ -64,7 +67,7 @@ struct ForwardTraits {
   static constexpr bool kHstu = kHstu_;
   static_assert(!(kFp32 && kHstu), "HSTU runs in fp16/bf16 only");
   static constexpr bool kShortRows = kShortRows_;
-  static_assert(!kShortRows || (!kHstu && !kFp32 && kHeadDim == 256), "short rows: 16-bit softmax d 256 only");
+  static_assert(!kShortRows || has_short_rows_tile(kHeadDim, kHstu, kFp32), "short rows: 16-bit softmax d 256 only");
   static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim, kHstu, kFp32, kShortRows);
   // Register-lean key loop, in three independent parts: the thread-dependent global addresses of the K/V
   // copies (kRebuildGmemAddresses) and the shared addresses of the ldmatrix operands and score coordinates
