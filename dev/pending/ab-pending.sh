@@ -3,9 +3,6 @@
 # against the tree they apply to, two rounds each (restricted bf16 d 64 / 128 softmax builds, dev/device-kit/ab.sh).
 set -uo pipefail
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-mkdir -p /tmp/cuteattn-deps
-tar xzf .deps/cutlass-include.tar.gz -C /tmp/cuteattn-deps
-tar xzf .deps/googletest-src.tar.gz -C /tmp/cuteattn-deps
 declare -A PATCHES
 PATCHES[A]=""
 PATCHES[P1]="sm80-fwd-d64-64x64-three-per-sm"
@@ -14,7 +11,8 @@ PATCHES[P3]="sm80-fwd-d64-64x64-three-per-sm sm80-fwd-d128-64x64-three-per-sm"
 for v in A P1 P2 P3; do
   mkdir -p /tmp/t$v
   tar c --exclude=./build . | tar x -C /tmp/t$v
-  (cd /tmp/t$v && for p in ${PATCHES[$v]}; do git apply dev/pending/$p.patch || echo "APPLY FAIL $v $p"; done)
+  (cd /tmp/t$v && for p in ${PATCHES[$v]}; do git apply dev/pending/$p.patch || exit 1; done) \
+    || { echo "ab-pending: a patch of $v does not apply"; exit 1; }
 done
 for v in A P1 P2 P3; do
   (cd /tmp/t$v && JOBS=4 HDIMS="64;128" SCORES=softmax LOG=$OUT/$v-build.log \
