@@ -27,7 +27,10 @@ struct FwdTileConfig {
 //  - softmax, d <= 128: 128 x 64, 4 warps (the FlashAttention-2 choice for d = 128 on A100/H100): 64 score
 //    + 32..128 output registers per thread. 128 x 128 with 4 warps spills at d = 64 next to the fragments
 //    of two k-slices; at d = 64, 128 x 128 with 8 warps and 64 x 128 with 4 warps fit but measured 12-17%
-//    slower on an H100 (bf16, s 1k-16k, same run).
+//    slower on an H100 (bf16, s 1k-16k, same run). More, smaller tiles per SM lose as well (H100 bf16, same
+//    run, s 512-16k): 64 x 64 capped at 168 registers (three per SM) is 5-17% slower at d = 64 and 10-25% at
+//    d = 128, capped at 128 with the lean flags (four per SM) 7-19% at d = 64; only s 512 causal gains (+3%
+//    at d = 64, even at d = 128).
 //  - softmax, d = 192: 64 x 64 with 4 warps of 16 rows (FlashAttention-2's tile there), two tiles per SM that
 //    hide each other's prologue and epilogue: H200 bf16, same run, against 128 x 64 with 8 warps (one tile per
 //    SM; both with the three lean flags below), s 512 / 2k +7 / +3%, causal +11 / +7%; without the lean flags
