@@ -3,6 +3,7 @@
 #include "common/test_util.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -164,6 +165,26 @@ std::string CaseConfig::describe() const {
   if (max_seqlen_k) s << " max_seqlen_k" << max_seqlen_k;
   return s.str();
 }
+
+std::string case_test_name(const CaseConfig& cfg, size_t index) {
+  std::string name = std::to_string(index);
+  const std::string text = cfg.describe();
+  bool gap = true;  // a '_' is due before the next letter or digit
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    const bool minus = ch == '-' && i + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[i + 1]));
+    if (std::isalnum(ch) || minus) {
+      if (gap) name += '_';
+      name += minus ? 'm' : char(ch);
+      gap = false;
+    } else {
+      gap = true;
+    }
+  }
+  return name;
+}
+
+void PrintTo(const CaseConfig& cfg, std::ostream* os) { *os << cfg.describe(); }
 
 CaseConfig softmax_fixed(DType dtype, int64_t batch, int64_t heads, int64_t heads_k, int64_t head_dim,
                          int64_t seqlen_q, int64_t seqlen_k) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,6 +106,13 @@ struct CaseConfig {
   bool varlen() const { return !seqlens_q.empty(); }
   std::string describe() const;
 };
+
+// A GoogleTest parameter name for case `index` of a list: the index, then describe() with a minus sign before a
+// digit as 'm' and every run of other characters than letters and digits as one '_' (e.g.
+// "7_softmax_fp32_b1_h2_2_d80_80_varlen_q_100_k_146_window_43_m1").
+std::string case_test_name(const CaseConfig& cfg, size_t index);
+// How GoogleTest prints a case (test listings, failures of parameterised tests): describe().
+void PrintTo(const CaseConfig& cfg, std::ostream* os);
 
 // ---- CaseConfig builders shared by the CPU and GPU suites ----
 

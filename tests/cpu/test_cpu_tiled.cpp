@@ -145,6 +145,9 @@ std::vector<CaseConfig> cases() {
 }
 
 class TiledVsOracle : public ::testing::TestWithParam<CaseConfig> {};
+std::string case_name(const ::testing::TestParamInfo<CaseConfig>& info) {
+  return case_test_name(info.param, info.index);
+}
 
 TEST_P(TiledVsOracle, ForwardAndBackward) {
   const CaseConfig& cfg = GetParam();
@@ -155,7 +158,7 @@ TEST_P(TiledVsOracle, ForwardAndBackward) {
   expect_matches(ours, make_references(ours, /*backward=*/true), /*backward=*/true);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, TiledVsOracle, ::testing::ValuesIn(cases()));
+INSTANTIATE_TEST_SUITE_P(Cases, TiledVsOracle, ::testing::ValuesIn(cases()), case_name);
 
 // Small random problems mixing every option, fp32 so that the comparison is tight.
 std::vector<CaseConfig> random_cases() {
@@ -201,7 +204,7 @@ std::vector<CaseConfig> random_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Random, TiledVsOracle, ::testing::ValuesIn(random_cases()));
+INSTANTIATE_TEST_SUITE_P(Random, TiledVsOracle, ::testing::ValuesIn(random_cases()), case_name);
 
 }  // namespace
 }  // namespace cuteattn::test
